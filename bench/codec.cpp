@@ -1,0 +1,68 @@
+// CPU codec throughput beside memcpy of the same fp32 buffer, measured interleaved in one run.
+// Ratios > 1 mean the kernel moves the same elements faster than a plain copy of the fp32 data.
+// Usage: codec [MiB=64] [repeats=15]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "compress/codec.h"
+
+using namespace cnccl::codec;
+
+namespace {
+
+double seconds(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const size_t mib = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 64;
+  const int repeats = argc > 2 ? std::atoi(argv[2]) : 15;
+  const size_t n = mib * (1u << 20) / sizeof(float);
+  std::vector<float> src(n), dst(n);
+  std::vector<double> src64(n);
+  std::vector<uint16_t> wire(n), other(n);
+  for (size_t i = 0; i < n; ++i) src[i] = src64[i] = static_cast<float>(i % 4099) * 0.37f - 700.0f;
+  for (auto w : {Wire::kFp16, Wire::kBf16}) cast(src.data(), other.data(), n, 1.0f, w);
+
+  std::printf("cnccl codec, %zu MiB fp32 (%zu elements), one thread, median of %d\n", mib, n, repeats);
+  std::printf("%-10s %-5s %-12s %9s %9s %12s\n", "path", "wire", "kernel", "GB/s", "memcpy", "vs memcpy");
+  for (CpuPath path : {CpuPath::kScalar, CpuPath::kAvx2F16c}) {
+    if (!cpu_path_supported(path)) continue;
+    set_cpu_path(path);
+    for (Wire w : {Wire::kFp16, Wire::kBf16}) {
+      const std::pair<const char*, std::function<void()>> kernels[] = {
+          {"cast", [&] { cast(src.data(), wire.data(), n, 0.5f, w); }},
+          {"restore", [&] { restore(wire.data(), dst.data(), n, 2.0f, w); }},
+          {"add", [&] { add(wire.data(), other.data(), n, w); }},
+          {"cast-f64", [&] { cast(src64.data(), wire.data(), n, 0.5f, w); }},
+      };
+      for (const auto& [name, fn] : kernels) {
+        std::vector<double> tk, tm;
+        for (int r = 0; r < repeats; ++r) {
+          tm.push_back(seconds([&] { std::memcpy(dst.data(), src.data(), n * sizeof(float)); }));
+          tk.push_back(seconds(fn));
+        }
+        const double bytes = double(n) * sizeof(float);  // both rates counted in fp32 bytes of the same elements
+        std::printf("%-10s %-5s %-12s %9.2f %9.2f %11.2fx\n", cpu_path_name(path), wire_name(w), name,
+                    bytes / median(tk) / 1e9, bytes / median(tm) / 1e9, median(tm) / median(tk));
+      }
+    }
+  }
+  std::printf("goals: cast >= 1.2x memcpy, restore >= 1.0x memcpy (avx2+f16c rows)\n");
+  return 0;
+}

@@ -1,0 +1,35 @@
+// cnccl codec: scale-and-cast between wide floats (fp32/fp64) and a 16-bit wire format.
+// Pure functions on raw buffers; no torch, no c10d. Rounding is round-to-nearest-even and
+// bit-identical to torch's own conversions for every non-NaN value (NaN stays NaN).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cnccl::codec {
+
+enum class Wire : uint8_t { kFp16, kBf16 };
+
+// CPU implementations; the fastest one the processor supports is chosen at first use.
+enum class CpuPath : uint8_t { kScalar, kAvx2F16c };
+
+const char* wire_name(Wire wire);
+const char* cpu_path_name(CpuPath path);
+bool cpu_path_supported(CpuPath path);
+CpuPath cpu_path();
+// Forces an implementation (tests, benchmarks). Throws std::invalid_argument if unsupported.
+void set_cpu_path(CpuPath path);
+
+// dst[i] = round16(src[i] * scale). The product is formed in the source precision (fp64 inputs
+// then pass through fp32 first, exactly as torch's double->Half/BFloat16 conversion does).
+void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire);
+void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire);
+
+// dst[i] = widen(src[i]) * scale: the restore into the caller's wide buffer.
+void restore(const uint16_t* src, float* dst, size_t n, float scale, Wire wire);
+void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire);
+
+// acc[i] = round16(widen(acc[i]) + widen(in[i])): one rounding per add, like NCCL's 16-bit sum.
+void add(uint16_t* acc, const uint16_t* in, size_t n, Wire wire);
+
+}  // namespace cnccl::codec

@@ -1,0 +1,116 @@
+// CUDA codec kernels. Each thread handles four elements with vector loads when the pointers
+// allow it (float4 in, 8-byte out), otherwise one; a grid-stride loop covers any length.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "compress/cuda_codec.h"
+
+namespace cnccl::codec::cuda {
+namespace {
+
+__device__ __forceinline__ uint16_t narrow(float v, Wire w) {
+  return w == Wire::kFp16 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+__device__ __forceinline__ float widen(uint16_t h, Wire w) {
+  return w == Wire::kFp16 ? __half2float(__ushort_as_half(h)) : __bfloat162float(__ushort_as_bfloat16(h));
+}
+
+// fp64 goes through fp32 before the 16-bit rounding, as torch's CPU conversion does.
+__device__ __forceinline__ float scaled(float x, float s) { return x * s; }
+__device__ __forceinline__ float scaled(double x, float s) { return static_cast<float>(x * static_cast<double>(s)); }
+
+__device__ __forceinline__ void store_wide(float* p, float v, float s) { *p = v * s; }
+__device__ __forceinline__ void store_wide(double* p, float v, float s) { *p = static_cast<double>(v) * s; }
+
+template <typename Wide>
+__global__ void cast_scalar(const Wide* src, uint16_t* dst, size_t n, float s, Wire w) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = narrow(scaled(src[i], s), w);
+}
+
+__global__ void cast_vec4(const float4* src, ushort4* dst, size_t n4, float s, Wire w) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
+    const float4 v = src[i];
+    dst[i] = make_ushort4(narrow(v.x * s, w), narrow(v.y * s, w), narrow(v.z * s, w), narrow(v.w * s, w));
+  }
+}
+
+template <typename Wide>
+__global__ void restore_scalar(const uint16_t* src, Wide* dst, size_t n, float s, Wire w) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    store_wide(dst + i, widen(src[i], w), s);
+}
+
+__global__ void restore_vec4(const ushort4* src, float4* dst, size_t n4, float s, Wire w) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
+    const ushort4 h = src[i];
+    dst[i] = make_float4(widen(h.x, w) * s, widen(h.y, w) * s, widen(h.z, w) * s, widen(h.w, w) * s);
+  }
+}
+
+constexpr int kThreads = 256;
+
+int blocks_for(size_t work) {
+  static const int max_blocks = [] {
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    return sms > 0 ? sms * 8 : 1024;
+  }();
+  const size_t needed = (work + kThreads - 1) / kThreads;
+  return static_cast<int>(needed < size_t(max_blocks) ? needed : size_t(max_blocks));
+}
+
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw std::runtime_error(std::string("cnccl ") + what + ": " + cudaGetErrorString(err));
+}
+
+bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+}  // namespace
+
+void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream) {
+  if (n == 0) return;
+  size_t head = 0;
+  if (aligned(src, 16) && aligned(dst, 8)) {
+    const size_t n4 = n / 4;
+    if (n4) cast_vec4<<<blocks_for(n4), kThreads, 0, stream>>>(reinterpret_cast<const float4*>(src),
+                                                               reinterpret_cast<ushort4*>(dst), n4, scale, wire);
+    head = n4 * 4;
+  }
+  if (head < n) cast_scalar<<<blocks_for(n - head), kThreads, 0, stream>>>(src + head, dst + head, n - head, scale, wire);
+  check_launch("cast kernel");
+}
+
+void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream) {
+  if (n == 0) return;
+  cast_scalar<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n, scale, wire);
+  check_launch("cast kernel");
+}
+
+void restore(const uint16_t* src, float* dst, size_t n, float scale, Wire wire, cudaStream_t stream) {
+  if (n == 0) return;
+  size_t head = 0;
+  if (aligned(src, 8) && aligned(dst, 16)) {
+    const size_t n4 = n / 4;
+    if (n4) restore_vec4<<<blocks_for(n4), kThreads, 0, stream>>>(reinterpret_cast<const ushort4*>(src),
+                                                                  reinterpret_cast<float4*>(dst), n4, scale, wire);
+    head = n4 * 4;
+  }
+  if (head < n)
+    restore_scalar<<<blocks_for(n - head), kThreads, 0, stream>>>(src + head, dst + head, n - head, scale, wire);
+  check_launch("restore kernel");
+}
+
+void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire, cudaStream_t stream) {
+  if (n == 0) return;
+  restore_scalar<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n, scale, wire);
+  check_launch("restore kernel");
+}
+
+}  // namespace cnccl::codec::cuda

@@ -1,0 +1,16 @@
+// CUDA versions of the codec (compress/codec.h): same operations, same rounding, enqueued on a
+// caller-given stream. Pointers are device pointers; no synchronisation happens here.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "compress/codec.h"
+
+namespace cnccl::codec::cuda {
+
+void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
+void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
+void restore(const uint16_t* src, float* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
+void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
+
+}  // namespace cnccl::codec::cuda

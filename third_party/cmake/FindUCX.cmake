@@ -1,0 +1,10 @@
+# UCX from the distribution (Debian: libucx-dev). Defines UCX::ucp and UCX_VERSION.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(UCX_PC REQUIRED IMPORTED_TARGET ucx)
+set(UCX_VERSION ${UCX_PC_VERSION})
+if(NOT TARGET UCX::ucp)
+  add_library(UCX::ucp INTERFACE IMPORTED)
+  target_link_libraries(UCX::ucp INTERFACE PkgConfig::UCX_PC)
+endif()
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(UCX REQUIRED_VARS UCX_PC_LIBRARIES VERSION_VAR UCX_VERSION)
