@@ -1,0 +1,51 @@
+// Argument checks shared by every collective: each failure names the problem and the op.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+namespace cnccl::checks {
+
+// A strided, materialized tensor that the host path can handle (any strides; a copy is made).
+inline void host_tensor(const at::Tensor& t, const char* op) {
+  TORCH_CHECK_VALUE(t.defined(), "cnccl ", op, ": undefined tensor");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "cnccl ", op, ": ", t.layout(),
+                    " tensors are not supported; pass a dense (strided) tensor");
+  TORCH_CHECK_VALUE(!t.is_meta(), "cnccl ", op, ": meta tensors have no data to communicate");
+  TORCH_CHECK_VALUE(!t.is_cuda(), "cnccl ", op,
+                    ": CUDA tensors are not supported by this build yet; the CUDA path is not built");
+  TORCH_CHECK_VALUE(t.is_cpu(), "cnccl ", op, ": tensors on ", t.device(), " are not supported");
+}
+
+inline const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* op) {
+  TORCH_CHECK_VALUE(ts.size() == 1, "cnccl ", op, ": expects exactly one tensor, got ", ts.size());
+  host_tensor(ts[0], op);
+  return ts[0];
+}
+
+inline void same_kind(const at::Tensor& a, const at::Tensor& b, const char* op, const char* what) {
+  TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(), "cnccl ", op, ": ", what, " dtype ", b.scalar_type(),
+                   " does not match ", a.scalar_type());
+  TORCH_CHECK_VALUE(a.numel() == b.numel(), "cnccl ", op, ": ", what, " has ", b.numel(), " elements, expected ",
+                    a.numel());
+}
+
+// A list of `n` tensors each matching `like` in dtype and element count.
+inline void list_like(const std::vector<at::Tensor>& ts, size_t n, const at::Tensor& like, const char* op,
+                      const char* what) {
+  TORCH_CHECK_VALUE(ts.size() == n, "cnccl ", op, ": ", what, " list has ", ts.size(),
+                    " tensors, expected one per rank (", n, ")");
+  for (const auto& t : ts) {
+    host_tensor(t, op);
+    same_kind(like, t, op, what);
+  }
+}
+
+inline void root(int64_t root, int size, const char* op) {
+  TORCH_CHECK_VALUE(root >= 0 && root < size, "cnccl ", op, ": root rank ", root, " is outside the group of ",
+                    size);
+}
+
+}  // namespace cnccl::checks

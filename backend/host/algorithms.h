@@ -1,0 +1,54 @@
+// Host collective algorithms over Comm, one file each. They move and reduce raw element
+// buffers; deciding dtypes, compression and where results land is the backend's job.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+#include "backend/host/comm.h"
+
+namespace cnccl::host {
+
+// acc[i] = acc[i] (op) in[i] for `count` elements.
+using Reducer = std::function<void(void* acc, const void* in, size_t count)>;
+
+// A buffer cut into one contiguous part per rank (element offsets and lengths).
+struct Parts {
+  std::vector<size_t> offset, length;
+  // `count` elements split as evenly as possible over `parts`.
+  static Parts even(size_t count, int parts);
+  // `parts` equal parts of `each` elements.
+  static Parts equal(size_t each, int parts);
+  size_t max_length() const;
+};
+
+// Ring reduce-scatter: afterwards part r of `data` on rank r holds the reduction of every
+// rank's part r. Uses message slots [slot_base, slot_base + size - 1).
+void reduce_scatter_ring(Comm& comm, char* data, const Parts& parts, size_t elem, const Reducer& reduce,
+                         uint32_t slot_base = 0);
+// Ring allgather: on entry part r of `data` on rank r is valid; afterwards all parts are.
+void allgather_ring(Comm& comm, char* data, const Parts& parts, size_t elem, uint32_t slot_base = 0);
+// Bandwidth-optimal allreduce for large buffers: reduce_scatter_ring then allgather_ring.
+void allreduce_ring(Comm& comm, char* data, size_t count, size_t elem, const Reducer& reduce);
+// Latency-optimal allreduce for small buffers: one exchange with every peer, then each rank
+// reduces all contributions in rank order (so every rank computes the identical result).
+void allreduce_direct(Comm& comm, char* data, size_t count, size_t elem, const Reducer& reduce);
+
+// Root sends `bytes` to every other rank.
+void broadcast_direct(Comm& comm, char* data, size_t bytes, int root);
+// Every rank sends to root, which reduces in rank order into `data`.
+void reduce_direct(Comm& comm, char* data, size_t count, size_t elem, int root, const Reducer& reduce);
+// Root receives rank i's `bytes` into out + i * bytes (root's own part is copied).
+void gather_direct(Comm& comm, const char* in, size_t bytes, char* out, int root);
+// Root sends in + i * bytes to rank i; every rank receives into `out`.
+void scatter_direct(Comm& comm, const char* in, char* out, size_t bytes, int root);
+// Rank r sends bytes [send_off[i], +send_len[i]) of `in` to rank i and receives rank i's
+// message into out + recv_off[i] (exactly recv_len[i] bytes).
+void alltoall_direct(Comm& comm, const char* in, const std::vector<size_t>& send_off,
+                     const std::vector<size_t>& send_len, char* out, const std::vector<size_t>& recv_off,
+                     const std::vector<size_t>& recv_len);
+// Returns once every rank has entered.
+void barrier_direct(Comm& comm);
+
+}  // namespace cnccl::host

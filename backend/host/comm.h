@@ -1,0 +1,90 @@
+// What the host algorithms talk through: a Transport plus tags, deadlines and error reporting
+// for the collective in flight. Owned and used by one executor thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/host/transport.h"
+
+namespace cnccl::host {
+
+using Clock = std::chrono::steady_clock;
+
+// One message of a collective: the request and what the algorithm expected of it.
+struct Pending {
+  std::unique_ptr<Request> request;
+  int peer;
+  size_t expected_bytes;  // receives: the size the sender must have sent
+  bool is_recv;
+};
+
+class Comm {
+ public:
+  Comm(std::unique_ptr<Transport> transport, std::string group_name);
+
+  int rank() const { return transport_->rank(); }
+  int size() const { return transport_->size(); }
+  int left() const { return (rank() + size() - 1) % size(); }
+  int right() const { return (rank() + 1) % size(); }
+  const std::string& group_name() const { return group_name_; }
+  uint64_t bytes_sent() const { return transport_->bytes_sent(); }
+
+  // Starts a collective: its name and sequence number go into tags and error messages.
+  void begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout);
+
+  // Collective messages of the current operation; `slot` tells apart the messages one pair of
+  // ranks exchanges within it (ring steps, phases).
+  Pending send(int peer, uint32_t slot, const void* data, size_t bytes);
+  Pending recv(int peer, uint32_t slot, void* data, size_t bytes);
+  // Progresses until all are done; throws DistBackendError (naming the op, seq and group) on a
+  // transport error, a size disagreement, the deadline, or abort().
+  void wait(std::vector<Pending>& pending);
+  void wait(Pending& one);
+
+  // Point-to-point messages run in the background: posted now, completed by the progress loop
+  // (so a rank may post a receive before its matching send without deadlock). `done` gets the
+  // error (or nullptr) and the source rank.
+  using P2pDone = std::function<void(std::exception_ptr, int source)>;
+  void post_send(int peer, int user_tag, const void* data, size_t bytes, std::chrono::milliseconds timeout,
+                 P2pDone done);
+  void post_recv(int peer, int user_tag, void* data, size_t bytes, std::chrono::milliseconds timeout, P2pDone done);
+  bool has_background() const { return !background_.empty(); }
+  // Advances the transport and completes finished point-to-point messages.
+  bool poll();
+
+  // After abort() every wait throws, now and later.
+  void abort(const std::string& why);
+  bool aborted() const { return aborted_.load(); }
+
+ private:
+  struct Background {
+    Pending pending;
+    Clock::time_point deadline;
+    std::string what;
+    P2pDone done;
+  };
+
+  uint64_t collective_tag(int source, uint32_t slot) const;
+  [[noreturn]] void fail(const std::string& what, int peer) const;
+  std::string check(const Pending& p, const std::string& what) const;
+
+  std::unique_ptr<Transport> transport_;
+  std::string group_name_;
+  const char* op_ = "";
+  uint64_t seq_ = 0;
+  Clock::time_point deadline_;
+  std::list<Background> background_;
+  std::mutex abort_mutex_;
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;
+};
+
+}  // namespace cnccl::host

@@ -1,0 +1,170 @@
+#include "backend/host/ucx_transport.h"
+
+#include <c10/util/Exception.h>
+
+#include <mutex>
+
+namespace cnccl::host {
+namespace {
+
+void check_ucs(ucs_status_t status, const char* what) {
+  if (status != UCS_OK) {
+    C10_THROW_ERROR(DistBackendError, std::string("cnccl: UCX ") + what + " failed: " + ucs_status_string(status));
+  }
+}
+
+// One UCX context per process, shared by every group's worker: contexts are heavy (they map
+// shared memory and probe devices) and a job may create many groups.
+std::shared_ptr<ucp_context> shared_context() {
+  static std::mutex mutex;
+  static std::weak_ptr<ucp_context> weak;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto ctx = weak.lock()) return ctx;
+  ucp_config_t* config = nullptr;
+  check_ucs(ucp_config_read(nullptr, nullptr, &config), "config read");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_TAG;
+  params.mt_workers_shared = 1;
+  params.name = "cnccl";
+  ucp_context_h raw = nullptr;
+  const ucs_status_t status = ucp_init(&params, config, &raw);
+  ucp_config_release(config);
+  check_ucs(status, "init");
+  std::shared_ptr<ucp_context> ctx(raw, ucp_cleanup);
+  weak = ctx;
+  return ctx;
+}
+
+// State a UCX callback writes into. ucp_request_free stops further callbacks, so it can live
+// exactly as long as the request object.
+struct Completion {
+  bool done = false;
+  std::string error;
+  size_t length = 0;
+  uint64_t tag = 0;
+};
+
+void on_send(void* /*request*/, ucs_status_t status, void* user) {
+  auto* c = static_cast<Completion*>(user);
+  if (status != UCS_OK) c->error = ucs_status_string(status);
+  c->done = true;
+}
+
+void on_recv(void* /*request*/, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+  auto* c = static_cast<Completion*>(user);
+  if (status == UCS_OK) {
+    c->length = info->length;
+    c->tag = info->sender_tag;
+  } else {
+    c->error = ucs_status_string(status);
+  }
+  c->done = true;
+}
+
+class UcxRequest final : public Request {
+ public:
+  UcxRequest(ucp_worker_h worker, void* handle, std::unique_ptr<Completion> completion)
+      : worker_(worker), handle_(handle), completion_(std::move(completion)) {}
+  ~UcxRequest() override {
+    // An unfinished request belongs to a failed collective: a receive is cancelled so it never
+    // writes into a buffer its owner is about to release.
+    cancel();
+    ucp_request_free(handle_);
+  }
+  bool done() const override { return completion_->done; }
+  const std::string& error() const override { return completion_->error; }
+  size_t received_bytes() const override { return completion_->length; }
+  uint64_t sender_tag() const override { return completion_->tag; }
+  void cancel() override {
+    if (!completion_->done) ucp_request_cancel(worker_, handle_);
+  }
+
+ private:
+  ucp_worker_h worker_;
+  void* handle_;
+  std::unique_ptr<Completion> completion_;
+};
+
+std::unique_ptr<Request> wrap(ucp_worker_h worker, ucs_status_ptr_t handle, std::unique_ptr<Completion> c,
+                              const char* what) {
+  if (UCS_PTR_IS_ERR(handle)) {
+    C10_THROW_ERROR(DistBackendError,
+                    std::string("cnccl: UCX ") + what + " failed: " + ucs_status_string(UCS_PTR_STATUS(handle)));
+  }
+  return std::make_unique<UcxRequest>(worker, handle, std::move(c));
+}
+
+}  // namespace
+
+UcxTransport::UcxTransport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size)
+    : rank_(rank), size_(size), context_(shared_context()) {
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+  check_ucs(ucp_worker_create(context_.get(), &wparams, &worker_), "worker create");
+
+  ucp_address_t* address = nullptr;
+  size_t address_length = 0;
+  check_ucs(ucp_worker_get_address(worker_, &address, &address_length), "worker address");
+  const auto* bytes = reinterpret_cast<const uint8_t*>(address);
+  store->set("cnccl/ucx/" + std::to_string(rank), std::vector<uint8_t>(bytes, bytes + address_length));
+  ucp_worker_release_address(worker_, address);
+
+  endpoints_.assign(size, nullptr);
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    const std::vector<uint8_t> remote = store->get("cnccl/ucx/" + std::to_string(peer));
+    ucp_ep_params_t eparams{};
+    eparams.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    eparams.address = reinterpret_cast<const ucp_address_t*>(remote.data());
+    eparams.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    check_ucs(ucp_ep_create(worker_, &eparams, &endpoints_[peer]), "endpoint create");
+  }
+}
+
+UcxTransport::~UcxTransport() {
+  for (ucp_ep_h ep : endpoints_) {
+    if (!ep) continue;
+    // Forced close: never blocks on a peer that is gone.
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &param);
+    if (UCS_PTR_IS_PTR(req)) {
+      for (int i = 0; i < 1000 && ucp_request_check_status(req) == UCS_INPROGRESS; ++i) ucp_worker_progress(worker_);
+      ucp_request_free(req);
+    }
+  }
+  if (worker_) ucp_worker_destroy(worker_);
+}
+
+std::unique_ptr<Request> UcxTransport::isend(int peer, uint64_t tag, const void* data, size_t bytes) {
+  auto completion = std::make_unique<Completion>();
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.cb.send = on_send;
+  param.user_data = completion.get();
+  bytes_sent_ += bytes;
+  return wrap(worker_, ucp_tag_send_nbx(endpoints_.at(peer), data, bytes, tag, &param), std::move(completion),
+              "tag send");
+}
+
+std::unique_ptr<Request> UcxTransport::irecv(int /*peer*/, uint64_t tag, uint64_t mask, void* data, size_t bytes) {
+  // The source rank is encoded in the tag (see comm.h), so matching needs no endpoint.
+  auto completion = std::make_unique<Completion>();
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  param.cb.recv = on_recv;
+  param.user_data = completion.get();
+  return wrap(worker_, ucp_tag_recv_nbx(worker_, data, bytes, tag, mask, &param), std::move(completion), "tag recv");
+}
+
+bool UcxTransport::progress() { return ucp_worker_progress(worker_) != 0; }
+
+std::string UcxTransport::describe() const {
+  return "UCX " + std::string(ucp_get_version_string()) + " rank " + std::to_string(rank_) + "/" +
+         std::to_string(size_);
+}
+
+}  // namespace cnccl::host

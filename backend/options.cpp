@@ -1,0 +1,75 @@
+#include "backend/options.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+namespace cnccl {
+namespace {
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) return std::nullopt;
+  return std::string(v);
+}
+
+std::optional<codec::Wire> parse_wire(const std::string& value, const char* source) {
+  const std::string v = lower(value);
+  if (v == "fp16" || v == "float16") return codec::Wire::kFp16;
+  if (v == "bf16" || v == "bfloat16") return codec::Wire::kBf16;
+  if (v == "none") return std::nullopt;
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: fp16, bf16, none");
+}
+
+SumScaling parse_sum_scaling(const std::string& value, const char* source) {
+  const std::string v = lower(value);
+  if (v == "none") return SumScaling::kNone;
+  if (v == "world") return SumScaling::kWorld;
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: none, world");
+}
+
+int64_t parse_bytes(const std::string& value, const char* source) {
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(value.c_str(), &end, 10);
+  TORCH_CHECK_VALUE(!value.empty() && end && *end == '\0' && errno == 0 && n >= 0, "cnccl: ", source, "='", value,
+                    "' is not valid; allowed: a byte count >= 0");
+  return n;
+}
+
+bool parse_bool(const std::string& value, const char* source) {
+  const std::string v = lower(value);
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: 0, 1, true, false");
+}
+
+}  // namespace
+
+Options::Options(std::chrono::milliseconds timeout) : c10d::Backend::Options("cnccl", timeout) {}
+
+c10::intrusive_ptr<c10d::Backend::Options> Options::clone() const { return c10::make_intrusive<Options>(*this); }
+
+Config Options::resolve() const {
+  Config c;
+  if (auto v = env("CNCCL_WIRE_DTYPE")) c.wire = parse_wire(*v, "CNCCL_WIRE_DTYPE");
+  if (auto v = env("CNCCL_MIN_BYTES")) c.min_bytes = parse_bytes(*v, "CNCCL_MIN_BYTES");
+  if (auto v = env("CNCCL_SUM_SCALING")) c.sum_scaling = parse_sum_scaling(*v, "CNCCL_SUM_SCALING");
+  if (auto v = env("CNCCL_COMPRESS_FP64")) c.compress_fp64 = parse_bool(*v, "CNCCL_COMPRESS_FP64");
+  if (wire_dtype) c.wire = parse_wire(*wire_dtype, "Options.wire_dtype");
+  if (min_bytes) {
+    TORCH_CHECK_VALUE(*min_bytes >= 0, "cnccl: Options.min_bytes=", *min_bytes,
+                      " is not valid; allowed: a byte count >= 0");
+    c.min_bytes = *min_bytes;
+  }
+  if (sum_scaling) c.sum_scaling = parse_sum_scaling(*sum_scaling, "Options.sum_scaling");
+  if (compress_fp64) c.compress_fp64 = *compress_fp64;
+  return c;
+}
+
+}  // namespace cnccl

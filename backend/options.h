@@ -1,0 +1,42 @@
+// Configuration of a cnccl group: CNCCL_* environment variables, read once at group creation,
+// overridden field by field by an Options object (Python: pg_options).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <optional>
+#include <string>
+
+#include "compress/codec.h"
+
+namespace cnccl {
+
+enum class SumScaling : uint8_t { kNone, kWorld };
+
+// The settings a group runs with, after defaults, environment and Options are combined.
+struct Config {
+  std::optional<codec::Wire> wire = codec::Wire::kFp16;  // nullopt: compression off
+  int64_t min_bytes = 64 * 1024;
+  SumScaling sum_scaling = SumScaling::kNone;
+  bool compress_fp64 = false;
+
+  std::string wire_name() const { return wire ? codec::wire_name(*wire) : "none"; }
+};
+
+struct Options : c10d::Backend::Options {
+  explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout);
+
+  std::optional<std::string> wire_dtype;   // fp16 | bf16 | none
+  std::optional<int64_t> min_bytes;        // >= 0
+  std::optional<std::string> sum_scaling;  // none | world
+  std::optional<bool> compress_fp64;
+
+  // Overrides Backend::Options::clone() where the torch version has it (keeps the subclass).
+  virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const;
+
+  // Defaults <- CNCCL_* environment <- these fields. Throws c10::ValueError naming the bad
+  // variable or field and the allowed values.
+  Config resolve() const;
+};
+
+}  // namespace cnccl

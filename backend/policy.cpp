@@ -1,0 +1,104 @@
+#include "backend/policy.h"
+
+#include <torch/version.h>
+
+namespace cnccl {
+namespace {
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+using PreMulSupplement = c10d::PreMulSumSupplement;
+#else
+using PreMulSupplement = c10d::NCCLPreMulSumSupplement;
+#endif
+
+bool is_supported_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kBool: case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong:
+    case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble:
+    case at::kComplexFloat: case at::kComplexDouble:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+const char* op_name(RedOp op) {
+  switch (op) {
+    case RedOp::SUM: return "SUM";
+    case RedOp::AVG: return "AVG";
+    case RedOp::PRODUCT: return "PRODUCT";
+    case RedOp::MIN: return "MIN";
+    case RedOp::MAX: return "MAX";
+    case RedOp::BAND: return "BAND";
+    case RedOp::BOR: return "BOR";
+    case RedOp::BXOR: return "BXOR";
+    case RedOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "UNUSED";
+  }
+}
+
+void check_reduction(at::ScalarType dtype, RedOp op) {
+  TORCH_CHECK_TYPE(is_supported_dtype(dtype), "cnccl: reductions do not support dtype ", dtype);
+  const bool floating = at::isFloatingType(dtype), complex = at::isComplexType(dtype), boolean = dtype == at::kBool;
+  switch (op) {
+    case RedOp::SUM: case RedOp::PRODUCT:
+      return;
+    case RedOp::AVG:
+      TORCH_CHECK_TYPE(!boolean, "cnccl: AVG is not defined for bool tensors");
+      return;
+    case RedOp::PREMUL_SUM:
+      TORCH_CHECK_TYPE(floating || complex, "cnccl: PREMUL_SUM needs a floating-point tensor, got ", dtype);
+      return;
+    case RedOp::MIN: case RedOp::MAX:
+      TORCH_CHECK_TYPE(!complex, "cnccl: ", op_name(op), " is not defined for complex tensors");
+      return;
+    case RedOp::BAND: case RedOp::BOR: case RedOp::BXOR:
+      TORCH_CHECK_TYPE(!floating && !complex, "cnccl: ", op_name(op), " needs an integer or bool tensor, got ", dtype);
+      return;
+    default:
+      TORCH_CHECK_VALUE(false, "cnccl: unsupported reduce op ", int(op));
+  }
+}
+
+Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, RedOp op, double factor,
+                    int world_size) {
+  check_reduction(dtype, op);
+  Plan plan;
+  const bool wide_float = dtype == at::kFloat || (dtype == at::kDouble && config.compress_fp64);
+  const bool compressible_op =
+      op == RedOp::SUM || op == RedOp::AVG || op == RedOp::PREMUL_SUM || op == RedOp::MIN || op == RedOp::MAX;
+  plan.compress = config.wire.has_value() && wide_float && compressible_op && nbytes >= config.min_bytes;
+  if (plan.compress) plan.wire = *config.wire;
+
+  const bool sum_like = op == RedOp::SUM || op == RedOp::AVG || op == RedOp::PREMUL_SUM;
+  plan.inner_op = sum_like ? RedOp::SUM : op;
+  if (op == RedOp::PREMUL_SUM) {
+    plan.pre_scale = factor;
+  } else if (op == RedOp::AVG) {
+    // Floats pre-divide (what NCCL and the fp16 hook do); integers sum, then divide truncating.
+    if (at::isFloatingType(dtype) || at::isComplexType(dtype)) {
+      plan.pre_scale = 1.0 / world_size;
+    } else {
+      plan.post_divisor = world_size;
+    }
+  } else if (op == RedOp::SUM && plan.compress && config.sum_scaling == SumScaling::kWorld) {
+    plan.pre_scale = 1.0 / world_size;
+    plan.post_scale = world_size;
+  }
+  return plan;
+}
+
+double premul_factor(const c10d::ReduceOp& op) {
+  if (op.op_ != RedOp::PREMUL_SUM) return 1.0;
+  const auto* supplement = dynamic_cast<const PreMulSupplement*>(op.supplement_.get());
+  TORCH_CHECK_VALUE(supplement, "cnccl: PREMUL_SUM without a factor");
+  if (supplement->tensor_factor.defined()) {
+    TORCH_CHECK_VALUE(supplement->tensor_factor.numel() == 1, "cnccl: PREMUL_SUM factor must have one element");
+    return supplement->tensor_factor.item<double>();
+  }
+  return supplement->double_factor;
+}
+
+}  // namespace cnccl

@@ -1,0 +1,128 @@
+// Lifecycle, queueing, point-to-point and statistics of ProcessGroupCNCCL. The collectives'
+// bodies are in host_collectives.cpp.
+#include "backend/process_group.h"
+
+#include "backend/checks.h"
+#include "backend/host/comm.h"
+#include "backend/host/executor.h"
+#include "backend/host/ucx_transport.h"
+
+namespace cnccl {
+
+ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                     c10::intrusive_ptr<cnccl::Options> options)
+    : c10d::Backend(rank, size), options_(std::move(options)) {
+  TORCH_CHECK_VALUE(options_, "cnccl: options must not be None");
+  config_ = options_->resolve();
+  const std::string name = options_->group_name.empty() ? "unnamed" : options_->group_name;
+  comm_ = std::make_unique<host::Comm>(std::make_unique<host::UcxTransport>(store, rank, size), name);
+  executor_ = std::make_unique<host::Executor>(*comm_);
+}
+
+ProcessGroupCNCCL::~ProcessGroupCNCCL() { shutdown(); }
+
+void ProcessGroupCNCCL::abort() { comm_->abort("abort() was called on the process group"); }
+
+void ProcessGroupCNCCL::shutdown() {
+  if (!executor_) return;
+  // Queued operations still run (and complete) unless abort() came first; then the thread exits.
+  executor_->stop();
+  executor_.reset();
+}
+
+std::chrono::milliseconds ProcessGroupCNCCL::timeout_of(std::chrono::milliseconds requested) const {
+  return requested == c10d::kUnsetTimeout ? options_->timeout : requested;
+}
+
+char* ProcessGroupCNCCL::scratch(int which, size_t bytes) {
+  if (scratch_.size() <= size_t(which)) scratch_.resize(which + 1);
+  auto& buffer = scratch_[which];
+  if (buffer.size() < bytes) buffer = std::vector<char>(bytes);
+  return buffer.data();
+}
+
+void ProcessGroupCNCCL::count(int64_t nbytes, int64_t wire_bytes, bool compressed) {
+  stats_.collectives += 1;
+  stats_.compressed_collectives += compressed ? 1 : 0;
+  stats_.bytes_uncompressed += nbytes;
+  stats_.bytes_sent += wire_bytes;
+}
+
+std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
+  return {{"collectives", stats_.collectives.load()},
+          {"compressed_collectives", stats_.compressed_collectives.load()},
+          {"bytes_uncompressed", stats_.bytes_uncompressed.load()},
+          {"bytes_sent", stats_.bytes_sent.load()},
+          {"transport_bytes_sent", comm_->bytes_sent()}};
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue(c10d::OpType type, const char* name,
+                                                          std::vector<at::Tensor> outputs,
+                                                          std::chrono::milliseconds timeout, const char* on_failure,
+                                                          Body body, int seq_count) {
+  TORCH_CHECK(executor_, "cnccl ", name, ": the process group has been shut down");
+  const uint64_t seq = seq_.fetch_add(seq_count);
+  auto work = c10::make_intrusive<HostWork>(rank_, type, seq, std::move(outputs));
+  executor_->submit([this, work, name, seq, timeout, on_failure, body = std::move(body)] {
+    try {
+      if (!broken_.empty()) {
+        C10_THROW_ERROR(DistBackendError, std::string("cnccl ") + name + " (seq " + std::to_string(seq) +
+                                              "): the group is unusable after an earlier failure: " + broken_);
+      }
+      comm_->begin(name, seq, timeout);
+      body(*work);
+      work->complete();
+    } catch (const std::exception& e) {
+      if (broken_.empty()) broken_ = e.what();
+      const std::string msg = std::string(e.what()) + " (" + on_failure + ")";
+      work->fail(std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, uint32_t(__LINE__)}, msg)));
+    }
+  });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue_p2p(c10d::OpType type, at::Tensor tensor, int peer,
+                                                              int tag, bool is_send) {
+  const char* name = is_send ? "send" : "recv";
+  checks::host_tensor(tensor, name);
+  TORCH_CHECK_VALUE(peer < size_ && (peer >= 0 || type == c10d::OpType::RECVANYSOURCE), "cnccl ", name, ": peer rank ",
+                    peer, " is outside the group of ", size_);
+  TORCH_CHECK_VALUE(peer != rank_, "cnccl ", name, ": a rank cannot ", name, " to itself");
+  TORCH_CHECK(executor_, "cnccl ", name, ": the process group has been shut down");
+  // The message travels from/into a contiguous buffer; a strided receive is copied back at the end.
+  at::Tensor buffer = tensor.is_contiguous() ? tensor : (is_send ? tensor.contiguous() : at::empty_like(tensor, at::MemoryFormat::Contiguous));
+  auto work = c10::make_intrusive<HostWork>(rank_, type, 0, std::vector<at::Tensor>{tensor});
+  const auto timeout = options_->timeout;
+  executor_->submit([this, work, buffer, tensor, peer, tag, is_send, timeout]() mutable {
+    auto done = [work, buffer, tensor](std::exception_ptr error, int source) mutable {
+      if (error) return work->fail(error);
+      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+      work->set_source_rank(source);
+      work->complete();
+    };
+    try {
+      if (is_send) {
+        comm_->post_send(peer, tag, buffer.data_ptr(), buffer.nbytes(), timeout, done);
+      } else {
+        comm_->post_recv(peer, tag, buffer.data_ptr(), buffer.nbytes(), timeout, done);
+      }
+    } catch (const std::exception&) {
+      work->fail(std::current_exception());
+    }
+  });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  return enqueue_p2p(c10d::OpType::SEND, checks::single(tensors, "send"), dst_rank, tag, true);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  return enqueue_p2p(c10d::OpType::RECV, checks::single(tensors, "recv"), src_rank, tag, false);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return enqueue_p2p(c10d::OpType::RECVANYSOURCE, checks::single(tensors, "recv"), -1, tag, false);
+}
+
+}  // namespace cnccl

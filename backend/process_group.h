@@ -1,0 +1,119 @@
+// ProcessGroupCNCCL: the c10d Backend registered as "cnccl". Compresses allreduce and
+// reduce_scatter of wide floats per the policy; CPU tensors run on the host path (UCX).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <map>
+#include <memory>
+
+#include "backend/options.h"
+#include "backend/policy.h"
+#include "backend/work.h"
+
+namespace cnccl {
+
+namespace host {
+class Comm;
+class Executor;
+}  // namespace host
+
+// Counters for one group, readable at any time (Python: cnccl.stats(group)).
+struct Stats {
+  std::atomic<uint64_t> collectives{0};
+  std::atomic<uint64_t> compressed_collectives{0};
+  std::atomic<uint64_t> bytes_uncompressed{0};  // what the collectives' tensors would put on the wire
+  std::atomic<uint64_t> bytes_sent{0};          // what they did put on it (16-bit when compressed)
+};
+
+class ProcessGroupCNCCL : public c10d::Backend {
+ public:
+  ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                    c10::intrusive_ptr<cnccl::Options> options = c10::make_intrusive<cnccl::Options>());
+  ~ProcessGroupCNCCL() override;
+
+  const std::string getBackendName() const override { return "cnccl"; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
+  const Config& config() const { return config_; }
+  std::map<std::string, uint64_t> stats() const;
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = {}) override;
+
+  // Ends every outstanding and future operation with an error; returns without waiting on peers.
+  void abort() override;
+  void shutdown() override;
+
+ private:
+  // A collective's body, run on the executor thread after comm.begin(). `scratch` hands out
+  // reusable buffers (index 0: the wire workspace) so steady-state steps allocate nothing.
+  using Body = std::function<void(HostWork&)>;
+
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name, std::vector<at::Tensor> outputs,
+                                         std::chrono::milliseconds timeout, const char* on_failure, Body body,
+                                         int seq_count = 1);
+  c10::intrusive_ptr<c10d::Work> enqueue_p2p(c10d::OpType type, at::Tensor tensor, int peer, int tag, bool is_send);
+  std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
+  char* scratch(int which, size_t bytes);
+  void count(int64_t nbytes, int64_t wire_bytes, bool compressed);
+
+  // Bodies shared by the list, tensor and coalesced forms.
+  void run_allreduce(const at::Tensor& tensor, const Plan& plan);
+  void run_reduce_scatter(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
+  void run_allgather(const at::Tensor& input, char* out);
+
+  c10::intrusive_ptr<cnccl::Options> options_;
+  Config config_;
+  Stats stats_;
+  std::atomic<uint64_t> seq_{0};
+  std::unique_ptr<host::Comm> comm_;
+  std::vector<std::vector<char>> scratch_;
+  std::string broken_;  // executor thread only: the first failure, after which the group is unusable
+  std::unique_ptr<host::Executor> executor_;
+};
+
+}  // namespace cnccl

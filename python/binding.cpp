@@ -1,0 +1,107 @@
+// cnccl._C: the Python face of ProcessGroupCNCCL and its Options, as subclasses of torch's own
+// c10d Backend and Backend.Options bindings.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
+
+#include "backend/process_group.h"
+#include "compress/codec.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// The holder torch uses for c10d objects: drops the GIL while the last reference goes away,
+// because destroying a group joins its communication thread.
+template <typename T>
+class IntrusivePtrNoGilDestructor {
+ public:
+  IntrusivePtrNoGilDestructor() = default;
+  IntrusivePtrNoGilDestructor(const IntrusivePtrNoGilDestructor&) = default;
+  IntrusivePtrNoGilDestructor(IntrusivePtrNoGilDestructor&&) noexcept = default;
+  IntrusivePtrNoGilDestructor& operator=(const IntrusivePtrNoGilDestructor&) = default;
+  IntrusivePtrNoGilDestructor& operator=(IntrusivePtrNoGilDestructor&&) noexcept = default;
+  explicit IntrusivePtrNoGilDestructor(c10::intrusive_ptr<T> impl) : impl_(std::move(impl)) {}
+  explicit IntrusivePtrNoGilDestructor(T* impl) : impl_(c10::intrusive_ptr<T>::unsafe_steal_from_new(impl)) {}
+  ~IntrusivePtrNoGilDestructor() {
+    if (impl_ && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      impl_.reset();
+    }
+  }
+  T& operator*() const noexcept { return *impl_; }
+  T* operator->() const noexcept { return impl_.get(); }
+  T* get() const noexcept { return impl_.get(); }
+
+ private:
+  c10::intrusive_ptr<T> impl_;
+};
+
+}  // namespace
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, IntrusivePtrNoGilDestructor<T>, true)
+
+PYBIND11_MODULE(_C, m) {
+  py::module_::import("torch._C._distributed_c10d");
+  m.doc() = "cnccl: a c10d backend that sends fp32 gradients as fp16/bf16";
+
+  py::class_<cnccl::Options, c10d::Backend::Options, c10::intrusive_ptr<cnccl::Options>>(m, "Options", R"(
+Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_process_group`` or
+``new_group``. A field left as None takes its CNCCL_* environment variable, or the default.)")
+      .def(py::init([](std::optional<std::string> wire_dtype, std::optional<int64_t> min_bytes,
+                       std::optional<std::string> sum_scaling, std::optional<bool> compress_fp64,
+                       std::chrono::milliseconds timeout) {
+             auto o = c10::make_intrusive<cnccl::Options>(timeout);
+             o->wire_dtype = std::move(wire_dtype);
+             o->min_bytes = min_bytes;
+             o->sum_scaling = std::move(sum_scaling);
+             o->compress_fp64 = compress_fp64;
+             o->resolve();  // bad values fail here, where the user wrote them
+             return o;
+           }),
+           py::kw_only(), py::arg("wire_dtype") = py::none(), py::arg("min_bytes") = py::none(),
+           py::arg("sum_scaling") = py::none(), py::arg("compress_fp64") = py::none(),
+           py::arg("timeout") = kBackendDefaultTimeout)
+      .def_readwrite("wire_dtype", &cnccl::Options::wire_dtype)
+      .def_readwrite("min_bytes", &cnccl::Options::min_bytes)
+      .def_readwrite("sum_scaling", &cnccl::Options::sum_scaling)
+      .def_readwrite("compress_fp64", &cnccl::Options::compress_fp64)
+      .def("__repr__", [](const cnccl::Options& o) {
+        auto show = [](const auto& v) { return v ? py::str(py::cast(*v)).cast<std::string>() : std::string("None"); };
+        return "cnccl.Options(wire_dtype=" + show(o.wire_dtype) + ", min_bytes=" + show(o.min_bytes) +
+               ", sum_scaling=" + show(o.sum_scaling) + ", compress_fp64=" + show(o.compress_fp64) + ")";
+      });
+
+  py::class_<cnccl::ProcessGroupCNCCL, c10d::Backend, IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>>(
+      m, "ProcessGroupCNCCL")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       c10::intrusive_ptr<cnccl::Options> options) {
+             return IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>(
+                 c10::make_intrusive<cnccl::ProcessGroupCNCCL>(store, rank, size, std::move(options)));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("stats", &cnccl::ProcessGroupCNCCL::stats, "Counters of this group's collectives and bytes.")
+      .def("config", [](const cnccl::ProcessGroupCNCCL& pg) {
+        const cnccl::Config& c = pg.config();
+        py::dict d;
+        d["wire_dtype"] = c.wire_name();
+        d["min_bytes"] = c.min_bytes;
+        d["sum_scaling"] = c.sum_scaling == cnccl::SumScaling::kWorld ? "world" : "none";
+        d["compress_fp64"] = c.compress_fp64;
+        return d;
+      }, "The settings in force after defaults, CNCCL_* variables and Options are combined.");
+
+  m.def("build_info", [] {
+    py::dict d;
+    d["version"] = CNCCL_VERSION;
+    d["torch_version"] = TORCH_VERSION;
+    d["cuda_kernels"] = bool(CNCCL_BUILD_CUDA);
+    d["cuda_collectives"] = false;  // CUDA tensors are rejected until the NCCL path lands
+    d["ucx_version"] = CNCCL_UCX_VERSION;
+    d["cpu_codec"] = cnccl::codec::cpu_path_name(cnccl::codec::cpu_path());
+    return d;
+  });
+}

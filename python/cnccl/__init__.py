@@ -1,0 +1,39 @@
+"""cnccl: a c10d process-group backend that sends fp32 gradients as fp16/bf16.
+
+``import cnccl`` registers the backend name ``"cnccl"`` for CPU and CUDA tensors; with the package
+installed, ``torch.distributed.init_process_group("cnccl")`` also works without the import.
+"""
+
+from cnccl._registration import register
+
+__version__ = "0.1.0"
+
+register()
+
+from cnccl._C import Options, ProcessGroupCNCCL, build_info  # noqa: E402
+
+
+def stats(group=None):
+    """Counters of a cnccl group (the default group when None): collectives run, bytes the
+    tensors would have sent uncompressed, bytes actually sent, and the transport's byte count."""
+    return backend(group).stats()
+
+
+def config(group=None):
+    """The settings a cnccl group runs with (defaults, CNCCL_* variables and Options combined)."""
+    return backend(group).config()
+
+
+def backend(group=None):
+    """The ProcessGroupCNCCL behind a process group."""
+    import torch
+    import torch.distributed as dist
+
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    impl = pg._get_backend(torch.device("cpu"))
+    if not isinstance(impl, ProcessGroupCNCCL):
+        raise ValueError(f"process group uses backend {dist.get_backend(pg)!r}, not cnccl")
+    return impl
+
+
+__all__ = ["Options", "ProcessGroupCNCCL", "backend", "build_info", "config", "register", "stats", "__version__"]

@@ -1,0 +1,36 @@
+"""Registers "cnccl" with torch.distributed. Cheap: the C++ extension loads on first group creation."""
+
+import threading
+
+_lock = threading.Lock()
+_registered = False
+
+
+def _create(dist_backend_opts, pg_options):
+    from cnccl._C import Options, ProcessGroupCNCCL
+
+    if pg_options is None:
+        options = Options()
+    elif isinstance(pg_options, Options):
+        options = pg_options
+    else:
+        raise TypeError(f"cnccl: pg_options must be a cnccl.Options, got {type(pg_options).__name__}")
+    options._timeout = dist_backend_opts.timeout
+    options.group_name = dist_backend_opts.group_id or ""
+    options.global_ranks_in_group = list(dist_backend_opts.global_ranks_in_group)
+    return ProcessGroupCNCCL(
+        dist_backend_opts.store, dist_backend_opts.group_rank, dist_backend_opts.group_size, options
+    )
+
+
+def register():
+    """Registers the backend once per process (later calls do nothing)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from torch.distributed import Backend
+
+        if "CNCCL" not in Backend._plugins:
+            Backend.register_backend("cnccl", _create, extended_api=True, devices=["cpu", "cuda"])
+        _registered = True

@@ -1,0 +1,24 @@
+"""Every collective on CPU tensors against gloo, world sizes 1 to 4 (one job per world size)."""
+
+import functools
+
+import pytest
+
+import collectives_cases  # noqa: F401 - registers the cases
+from harness import CASES, run_job
+
+WORLD_SIZES = [1, 2, 3, 4]
+
+
+@functools.lru_cache(maxsize=None)
+def job(world_size):
+    return run_job("collectives_cases", world_size)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_collective(name, world_size):
+    if world_size < CASES[name][1]:
+        pytest.skip(f"needs at least {CASES[name][1]} ranks")
+    failure = job(world_size).get(name, "case did not run")
+    assert failure is None, failure
