@@ -26,3 +26,13 @@ find_library(TORCH_PYTHON_LIBRARY torch_python PATHS ${TORCH_LIB_DIR} NO_DEFAULT
 include(FindPackageHandleStandardArgs)
 find_package_handle_standard_args(TorchFromPython REQUIRED_VARS TORCH_LIBRARIES TORCH_PYTHON_LIBRARY
                                   VERSION_VAR Torch_VERSION)
+
+# pip's torch loads its own CUDA libraries (NCCL among them) from site-packages/nvidia/*/lib
+# through its RPATH. When a CUDA toolkit is also installed, the linker would otherwise resolve
+# libtorch_cuda's dependencies against the toolkit's older copies and fail; point it at torch's.
+file(GLOB TORCH_NVIDIA_LIB_DIRS LIST_DIRECTORIES true "${TORCH_LIB_DIR}/../../nvidia/*/lib")
+set(TORCH_RPATH_LINK_OPTIONS "")
+foreach(_dir IN LISTS TORCH_NVIDIA_LIB_DIRS)
+  get_filename_component(_dir ${_dir} REALPATH)
+  list(APPEND TORCH_RPATH_LINK_OPTIONS "-Wl,-rpath-link,${_dir}")
+endforeach()

@@ -1,0 +1,119 @@
+// The policy alone: which tensors are compressed and which scales apply (design.md §2).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "backend/policy.h"
+
+namespace cnccl {
+namespace {
+
+constexpr int kWorld = 4;
+constexpr int64_t kBig = 1 << 20;
+
+Plan plan(at::ScalarType t, RedOp op, const Config& c = {}, int64_t bytes = kBig, double factor = 1.0) {
+  return plan_reduction(c, t, bytes, op, factor, kWorld);
+}
+
+TEST(Policy, Fp32SumIsCompressedAndNotDividedAgain) {
+  const Plan p = plan(at::kFloat, RedOp::SUM);
+  EXPECT_TRUE(p.compress);
+  EXPECT_EQ(p.wire, codec::Wire::kFp16);
+  EXPECT_EQ(p.inner_op, RedOp::SUM);
+  EXPECT_EQ(p.pre_scale, 1.0);
+  EXPECT_EQ(p.post_scale, 1.0);
+}
+
+TEST(Policy, AvgAndPremulSumScaleBeforeTheCast) {
+  EXPECT_EQ(plan(at::kFloat, RedOp::AVG).pre_scale, 0.25);
+  EXPECT_EQ(plan(at::kFloat, RedOp::AVG).inner_op, RedOp::SUM);
+  const Plan p = plan(at::kFloat, RedOp::PREMUL_SUM, {}, kBig, 0.125);
+  EXPECT_TRUE(p.compress);
+  EXPECT_EQ(p.pre_scale, 0.125);
+  EXPECT_EQ(p.inner_op, RedOp::SUM);
+}
+
+TEST(Policy, MinMaxCompressWithoutScale) {
+  for (RedOp op : {RedOp::MIN, RedOp::MAX}) {
+    const Plan p = plan(at::kFloat, op);
+    EXPECT_TRUE(p.compress);
+    EXPECT_EQ(p.inner_op, op);
+    EXPECT_EQ(p.pre_scale, 1.0);
+  }
+}
+
+TEST(Policy, ProductAndBitwisePassThrough) {
+  EXPECT_FALSE(plan(at::kFloat, RedOp::PRODUCT).compress);
+  for (RedOp op : {RedOp::BAND, RedOp::BOR, RedOp::BXOR}) EXPECT_FALSE(plan(at::kInt, op).compress);
+}
+
+TEST(Policy, OnlyWideFloatsAboveTheThresholdAreCompressed) {
+  for (auto t : {at::kHalf, at::kBFloat16, at::kInt, at::kLong, at::kBool, at::kComplexFloat, at::kDouble}) {
+    EXPECT_FALSE(plan(t, RedOp::SUM).compress) << t;
+  }
+  EXPECT_FALSE(plan(at::kFloat, RedOp::SUM, {}, 65535).compress);
+  EXPECT_TRUE(plan(at::kFloat, RedOp::SUM, {}, 65536).compress);
+  Config all;
+  all.min_bytes = 0;
+  EXPECT_TRUE(plan(at::kFloat, RedOp::SUM, all, 0).compress);
+  Config fp64;
+  fp64.compress_fp64 = true;
+  EXPECT_TRUE(plan(at::kDouble, RedOp::SUM, fp64).compress);
+  Config off;
+  off.wire.reset();
+  EXPECT_FALSE(plan(at::kFloat, RedOp::SUM, off).compress);
+}
+
+TEST(Policy, OverflowSafeSumScalesBothWays) {
+  Config c;
+  c.sum_scaling = SumScaling::kWorld;
+  const Plan p = plan(at::kFloat, RedOp::SUM, c);
+  EXPECT_EQ(p.pre_scale, 0.25);
+  EXPECT_EQ(p.post_scale, 4.0);
+  EXPECT_EQ(plan(at::kFloat, RedOp::AVG, c).post_scale, 1.0);  // AVG keeps its own meaning
+  EXPECT_EQ(plan(at::kFloat, RedOp::SUM, c, 16).pre_scale, 1.0);  // uncompressed: exact sum
+}
+
+TEST(Policy, UncompressedAvgFollowsNccl) {
+  EXPECT_EQ(plan(at::kLong, RedOp::AVG).post_divisor, kWorld);
+  EXPECT_EQ(plan(at::kLong, RedOp::AVG).pre_scale, 1.0);
+  EXPECT_EQ(plan(at::kHalf, RedOp::AVG).pre_scale, 0.25);
+}
+
+TEST(Policy, InvalidCombinationsNameTheProblem) {
+  EXPECT_THROW(check_reduction(at::kFloat, RedOp::BAND), c10::TypeError);
+  EXPECT_THROW(check_reduction(at::kComplexFloat, RedOp::MAX), c10::TypeError);
+  EXPECT_THROW(check_reduction(at::kInt, RedOp::PREMUL_SUM), c10::TypeError);
+  EXPECT_THROW(check_reduction(at::kBool, RedOp::AVG), c10::TypeError);
+  EXPECT_THROW(check_reduction(at::kFloat8_e4m3fn, RedOp::SUM), c10::TypeError);
+  EXPECT_NO_THROW(check_reduction(at::kBool, RedOp::BXOR));
+}
+
+TEST(Options, EnvironmentThenOptionsWithClearErrors) {
+  ::setenv("CNCCL_WIRE_DTYPE", "bf16", 1);
+  ::setenv("CNCCL_MIN_BYTES", "123", 1);
+  Options o;
+  Config c = o.resolve();
+  EXPECT_EQ(c.wire_name(), "bf16");
+  EXPECT_EQ(c.min_bytes, 123);
+  o.wire_dtype = "none";
+  EXPECT_FALSE(o.resolve().wire.has_value());
+  ::setenv("CNCCL_SUM_SCALING", "maybe", 1);
+  try {
+    o.resolve();
+    FAIL() << "no error for CNCCL_SUM_SCALING=maybe";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("CNCCL_SUM_SCALING='maybe'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("none, world"), std::string::npos);
+  }
+  ::unsetenv("CNCCL_SUM_SCALING");
+  ::setenv("CNCCL_MIN_BYTES", "-5", 1);
+  EXPECT_THROW(o.resolve(), c10::ValueError);
+  ::unsetenv("CNCCL_MIN_BYTES");
+  ::unsetenv("CNCCL_WIRE_DTYPE");
+  EXPECT_EQ(Options().resolve().wire_name(), "fp16");
+  EXPECT_EQ(Options().resolve().min_bytes, 65536);
+}
+
+}  // namespace
+}  // namespace cnccl
