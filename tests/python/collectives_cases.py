@@ -121,9 +121,11 @@ def allreduce_exact_every_dtype_op_size(ctx):
                 t = x.clone()
                 dist.all_reduce(t, op=op_of(op, factor), group=ctx.groups["none"])
                 expected = ref.to(dtype) if dtype != torch.bool else ref
-                if op == R.AVG and dtype.is_floating_point and dtype in (torch.float16, torch.bfloat16):
-                    # AVG pre-divides in the tensor's own 16-bit dtype (as NCCL): within a rounding.
-                    torch.testing.assert_close(t.double(), ref.double(), rtol=2**-7, atol=2**-7)
+                if op == R.AVG and dtype in (torch.float16, torch.bfloat16):
+                    # AVG pre-divides in the tensor's own 16-bit dtype (as NCCL): the 16-bit bound applies.
+                    inputs = ctx.all_inputs(x)
+                    wire = "fp16" if dtype == torch.float16 else "bf16"
+                    assert ((t.double() - ref).abs() <= wire_bound(inputs, 1 / ctx.world, wire, ctx.world)).all()
                     continue
                 if op == R.AVG and (dtype.is_floating_point or dtype.is_complex):
                     torch.testing.assert_close(t, expected, rtol=1e-6, atol=1e-6)
