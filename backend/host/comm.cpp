@@ -165,6 +165,14 @@ bool Comm::poll() {
   return progressed;
 }
 
+char* Comm::temp(size_t bytes) {
+  if (bytes > temp_bytes_) {
+    temp_.reset(new char[bytes]);
+    temp_bytes_ = bytes;
+  }
+  return temp_.get();
+}
+
 void Comm::abort(const std::string& why) {
   std::lock_guard<std::mutex> lock(abort_mutex_);
   if (aborted_.load()) return;

@@ -60,6 +60,10 @@ class Comm {
   // Advances the transport and completes finished point-to-point messages.
   bool poll();
 
+  // A reusable buffer for an algorithm's temporaries (uninitialized; grows, never shrinks), so
+  // steady-state collectives neither allocate nor fault in fresh pages.
+  char* temp(size_t bytes);
+
   // After abort() every wait throws, now and later.
   void abort(const std::string& why);
   bool aborted() const { return aborted_.load(); }
@@ -82,6 +86,8 @@ class Comm {
   uint64_t seq_ = 0;
   Clock::time_point deadline_;
   std::list<Background> background_;
+  std::unique_ptr<char[]> temp_;
+  size_t temp_bytes_ = 0;
   std::mutex abort_mutex_;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;

@@ -28,14 +28,14 @@ void reduce_direct(Comm& comm, char* data, size_t count, size_t elem, int root, 
     comm.wait(msgs);
     return;
   }
-  std::vector<char> all(bytes * n);
-  std::memcpy(all.data() + bytes * root, data, bytes);
+  char* all = comm.temp(bytes * n);
+  std::memcpy(all + bytes * root, data, bytes);
   for (int peer = 0; peer < n; ++peer) {
-    if (peer != root) msgs.push_back(comm.recv(peer, 0, all.data() + bytes * peer, bytes));
+    if (peer != root) msgs.push_back(comm.recv(peer, 0, all + bytes * peer, bytes));
   }
   comm.wait(msgs);
-  std::memcpy(data, all.data(), bytes);
-  for (int peer = 1; peer < n; ++peer) reduce(data, all.data() + bytes * peer, count);
+  std::memcpy(data, all, bytes);
+  for (int peer = 1; peer < n; ++peer) reduce(data, all + bytes * peer, count);
 }
 
 void gather_direct(Comm& comm, const char* in, size_t bytes, char* out, int root) {
