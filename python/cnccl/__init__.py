@@ -10,7 +10,17 @@ __version__ = "0.1.0"
 
 register()
 
-from cnccl._C import Options, ProcessGroupCNCCL, build_info  # noqa: E402
+# The extension loads on first use, not at import: torch's autoload imports this package inside
+# `import torch`, which must never fail because of it.
+_EXTENSION_NAMES = ("Options", "ProcessGroupCNCCL", "build_info")
+
+
+def __getattr__(name):
+    if name in _EXTENSION_NAMES:
+        from cnccl import _C
+
+        return getattr(_C, name)
+    raise AttributeError(f"module 'cnccl' has no attribute {name!r}")
 
 
 def stats(group=None):
@@ -31,6 +41,8 @@ def backend(group=None):
 
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     impl = pg._get_backend(torch.device("cpu"))
+    from cnccl._C import ProcessGroupCNCCL
+
     if not isinstance(impl, ProcessGroupCNCCL):
         raise ValueError(f"process group uses backend {dist.get_backend(pg)!r}, not cnccl")
     return impl

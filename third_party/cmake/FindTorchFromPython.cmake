@@ -4,7 +4,7 @@
 find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module)
 
 execute_process(
-  COMMAND ${Python3_EXECUTABLE} -c
+  COMMAND ${CMAKE_COMMAND} -E env TORCH_DEVICE_BACKEND_AUTOLOAD=0 ${Python3_EXECUTABLE} -c
     "import torch, os; print(torch.utils.cmake_prefix_path); print(torch.__version__.split('+')[0]); print(int(torch.version.cuda is not None)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"
   OUTPUT_VARIABLE _torch_info OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _torch_rc)
 if(NOT _torch_rc EQUAL 0)

@@ -1,5 +1,5 @@
 # One configure-time summary block: what this build of cnccl is made of.
-execute_process(COMMAND ${Python3_EXECUTABLE} -c
+execute_process(COMMAND ${CMAKE_COMMAND} -E env TORCH_DEVICE_BACKEND_AUTOLOAD=0 ${Python3_EXECUTABLE} -c
   "import torch; v = torch.cuda.nccl.version() if torch.version.cuda else None; print('.'.join(map(str, v)) if v else 'none')"
   OUTPUT_VARIABLE _torch_nccl OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
 
