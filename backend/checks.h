@@ -14,9 +14,8 @@ inline void host_tensor(const at::Tensor& t, const char* op) {
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, "cnccl ", op, ": ", t.layout(),
                     " tensors are not supported; pass a dense (strided) tensor");
   TORCH_CHECK_VALUE(!t.is_meta(), "cnccl ", op, ": meta tensors have no data to communicate");
-  TORCH_CHECK_VALUE(!t.is_cuda(), "cnccl ", op,
-                    ": CUDA tensors are not supported by this build yet; the CUDA path is not built");
-  TORCH_CHECK_VALUE(t.is_cpu(), "cnccl ", op, ": tensors on ", t.device(), " are not supported");
+  TORCH_CHECK_VALUE(t.is_cpu(), "cnccl ", op, ": expected CPU tensors like the first one of this call, got one on ",
+                    t.device(), " (one collective takes tensors of one device type)");
 }
 
 inline const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* op) {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backend/checks.h"
+#include "backend/cuda/nccl_path.h"
 #include "backend/host/algorithms.h"
 #include "backend/host/comm.h"
 #include "backend/process_group.h"
@@ -118,23 +119,25 @@ void ProcessGroupCNCCL::run_allreduce(const at::Tensor& tensor, const Plan& plan
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
+  if (on_cuda(tensors)) return cuda_path("allreduce").allreduce(tensors, opts);
   const at::Tensor& t = checks::single(tensors, "allreduce");
   const Plan plan = plan_reduction(config_, t.scalar_type(), t.nbytes(), opts.reduceOp.op_,
                                    premul_factor(opts.reduceOp), size_);
-  count(t.nbytes(), plan.compress ? t.numel() * 2 : t.nbytes(), plan.compress);
+  stats_.record(t.nbytes(), plan.compress ? t.numel() * 2 : t.nbytes(), plan.compress);
   return enqueue(c10d::OpType::ALLREDUCE, "allreduce", tensors, timeout_of(opts.timeout), kUntouched,
                  [this, t, plan](HostWork&) { run_allreduce(t, plan); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                       const c10d::AllreduceCoalescedOptions& opts) {
+  if (on_cuda(tensors)) return cuda_path("allreduce_coalesced").allreduce_coalesced(tensors, opts);
   TORCH_CHECK_VALUE(!tensors.empty(), "cnccl allreduce_coalesced: no tensors");
   std::vector<Plan> plans;
   for (const auto& t : tensors) {
     checks::host_tensor(t, "allreduce_coalesced");
     plans.push_back(plan_reduction(config_, t.scalar_type(), t.nbytes(), opts.reduceOp.op_,
                                    premul_factor(opts.reduceOp), size_));
-    count(t.nbytes(), plans.back().compress ? t.numel() * 2 : t.nbytes(), plans.back().compress);
+    stats_.record(t.nbytes(), plans.back().compress ? t.numel() * 2 : t.nbytes(), plans.back().compress);
   }
   const auto timeout = timeout_of(opts.timeout);
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, timeout, kUntouched,
@@ -178,13 +181,14 @@ void ProcessGroupCNCCL::run_reduce_scatter(const std::vector<at::Tensor>& inputs
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
+  if (on_cuda(outputs)) return cuda_path("reduce_scatter").reduce_scatter(outputs, inputs, opts);
   const at::Tensor& out = checks::single(outputs, "reduce_scatter");
   TORCH_CHECK_VALUE(inputs.size() == 1, "cnccl reduce_scatter: expects one input list, got ", inputs.size());
   checks::list_like(inputs[0], size_, out, "reduce_scatter", "input");
   const int64_t nbytes = out.nbytes() * size_;
   const Plan plan = plan_reduction(config_, out.scalar_type(), nbytes, opts.reduceOp.op_,
                                    premul_factor(opts.reduceOp), size_);
-  count(nbytes, plan.compress ? out.numel() * size_ * 2 : nbytes, plan.compress);
+  stats_.record(nbytes, plan.compress ? out.numel() * size_ * 2 : nbytes, plan.compress);
   std::vector<at::Tensor> ins = inputs[0];
   return enqueue(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, timeout_of(opts.timeout), kUntouched,
                  [this, ins, out, plan](HostWork&) { run_reduce_scatter(ins, out, plan); });
@@ -192,6 +196,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
+  if (on_cuda(output)) return cuda_path("reduce_scatter_tensor").reduce_scatter_tensor(output, input, opts);
   checks::host_tensor(output, "reduce_scatter_tensor");
   checks::host_tensor(input, "reduce_scatter_tensor");
   TORCH_CHECK_TYPE(input.scalar_type() == output.scalar_type(), "cnccl reduce_scatter_tensor: input dtype ",
@@ -200,7 +205,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::_reduce_scatter_base(at::Tenso
                     input.numel(), " elements, expected world size (", size_, ") x output (", output.numel(), ")");
   const Plan plan = plan_reduction(config_, input.scalar_type(), input.nbytes(), opts.reduceOp.op_,
                                    premul_factor(opts.reduceOp), size_);
-  count(input.nbytes(), plan.compress ? input.numel() * 2 : input.nbytes(), plan.compress);
+  stats_.record(input.nbytes(), plan.compress ? input.numel() * 2 : input.nbytes(), plan.compress);
   std::vector<at::Tensor> parts = input.contiguous().reshape({-1}).chunk(size_);
   return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, timeout_of(opts.timeout),
                  kUntouched, [this, parts, output, plan](HostWork&) { run_reduce_scatter(parts, output, plan); });
@@ -208,6 +213,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::_reduce_scatter_base(at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  if (on_cuda(outputs)) {
+    return cuda_path("reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  }
   TORCH_CHECK_VALUE(outputs.size() == inputs.size() && !inputs.empty(),
                     "cnccl reduce_scatter_tensor_coalesced: needs as many outputs as inputs, got ", outputs.size(),
                     " and ", inputs.size());
@@ -222,12 +230,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter_tensor_coalesce
                       " elements of the same dtype");
     plans.push_back(plan_reduction(config_, inputs[i].scalar_type(), inputs[i].nbytes(), opts.reduceOp.op_,
                                    premul_factor(opts.reduceOp), size_));
-    count(inputs[i].nbytes(), plans.back().compress ? inputs[i].numel() * 2 : inputs[i].nbytes(),
+    stats_.record(inputs[i].nbytes(), plans.back().compress ? inputs[i].numel() * 2 : inputs[i].nbytes(),
           plans.back().compress);
     parts.push_back(inputs[i].contiguous().reshape({-1}).chunk(size_));
   }
   const auto timeout = timeout_of(opts.timeout);
-  return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", outputs, timeout,
+  return enqueue(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs, timeout,
                  kUntouched,
                  [this, parts, outputs, plans, timeout](HostWork& work) {
                    for (size_t i = 0; i < parts.size(); ++i) {
@@ -247,10 +255,11 @@ void ProcessGroupCNCCL::run_allgather(const at::Tensor& input, char* out) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
+  if (on_cuda(inputs)) return cuda_path("allgather").inner().allgather(outputs, inputs, opts);
   const at::Tensor& in = checks::single(inputs, "allgather");
   TORCH_CHECK_VALUE(outputs.size() == 1, "cnccl allgather: expects one output list, got ", outputs.size());
   checks::list_like(outputs[0], size_, in, "allgather", "output");
-  count(in.nbytes() * size_, in.nbytes() * size_, false);
+  stats_.record(in.nbytes() * size_, in.nbytes() * size_, false);
   std::vector<at::Tensor> outs = outputs[0];
   return enqueue(c10d::OpType::ALLGATHER, "allgather", outs, timeout_of(opts.timeout), kUntouched,
                  [this, in, outs](HostWork&) mutable {
@@ -263,6 +272,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather(std::vector<std::vec
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
+  if (on_cuda(inputs)) return cuda_path("allgather_coalesced").inner().allgather_coalesced(outputs, inputs, opts);
   TORCH_CHECK_VALUE(outputs.size() == inputs.size() && !inputs.empty(),
                     "cnccl allgather_coalesced: needs one output list per input, got ", outputs.size(), " and ",
                     inputs.size());
@@ -270,7 +280,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_coalesced(std::vecto
   for (size_t i = 0; i < inputs.size(); ++i) {
     checks::host_tensor(inputs[i], "allgather_coalesced");
     checks::list_like(outputs[i], size_, inputs[i], "allgather_coalesced", "output");
-    count(inputs[i].nbytes() * size_, inputs[i].nbytes() * size_, false);
+    stats_.record(inputs[i].nbytes() * size_, inputs[i].nbytes() * size_, false);
     flat_outputs.insert(flat_outputs.end(), outputs[i].begin(), outputs[i].end());
   }
   const auto timeout = timeout_of(opts.timeout);
@@ -289,13 +299,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_coalesced(std::vecto
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
+  if (on_cuda(input)) return cuda_path("all_gather_into_tensor").inner()._allgather_base(output, input, opts);
   checks::host_tensor(output, "all_gather_into_tensor");
   checks::host_tensor(input, "all_gather_into_tensor");
   TORCH_CHECK_TYPE(input.scalar_type() == output.scalar_type(), "cnccl all_gather_into_tensor: output dtype ",
                    output.scalar_type(), " does not match input dtype ", input.scalar_type());
   TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "cnccl all_gather_into_tensor: output has ",
                     output.numel(), " elements, expected world size (", size_, ") x input (", input.numel(), ")");
-  count(output.nbytes(), output.nbytes(), false);
+  stats_.record(output.nbytes(), output.nbytes(), false);
   return enqueue(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, timeout_of(opts.timeout),
                  kOutputsUndefined, [this, output, input](HostWork&) mutable {
                    if (output.is_contiguous()) {
@@ -311,6 +322,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::_allgather_base(at::Tensor& ou
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                   std::vector<at::Tensor>& inputs,
                                                                                   const c10d::AllgatherOptions& opts) {
+  if (on_cuda(inputs)) {
+    return cuda_path("allgather_into_tensor_coalesced").inner().allgather_into_tensor_coalesced(outputs, inputs, opts);
+  }
   TORCH_CHECK_VALUE(outputs.size() == inputs.size() && !inputs.empty(),
                     "cnccl allgather_into_tensor_coalesced: needs as many outputs as inputs");
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -320,10 +334,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_into_tensor_coalesce
                           outputs[i].scalar_type() == inputs[i].scalar_type(),
                       "cnccl allgather_into_tensor_coalesced: output ", i, " must be world size x input ", i,
                       " elements of the same dtype");
-    count(outputs[i].nbytes(), outputs[i].nbytes(), false);
+    stats_.record(outputs[i].nbytes(), outputs[i].nbytes(), false);
   }
   const auto timeout = timeout_of(opts.timeout);
-  return enqueue(c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, "allgather_into_tensor_coalesced", outputs, timeout,
+  return enqueue(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", outputs, timeout,
                  kUntouched,
                  [this, outputs, inputs, timeout](HostWork& work) mutable {
                    for (size_t i = 0; i < inputs.size(); ++i) {
@@ -338,9 +352,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_into_tensor_coalesce
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
+  if (on_cuda(tensors)) return cuda_path("broadcast").inner().broadcast(tensors, opts);
   const at::Tensor& t = checks::single(tensors, "broadcast");
   checks::root(opts.rootRank, size_, "broadcast");
-  count(t.nbytes(), t.nbytes(), false);
+  stats_.record(t.nbytes(), t.nbytes(), false);
   const int root = int(opts.rootRank);
   return enqueue(c10d::OpType::BROADCAST, "broadcast", tensors, timeout_of(opts.timeout), kUntouched,
                  [this, t, root](HostWork&) mutable {
@@ -353,6 +368,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::broadcast(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
+  if (on_cuda(tensors)) return cuda_path("reduce").inner().reduce(tensors, opts);
   const at::Tensor& t = checks::single(tensors, "reduce");
   checks::root(opts.rootRank, size_, "reduce");
   // reduce is never lossy (design.md §2): plan with compression off, for the scaling alone.
@@ -360,7 +376,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce(std::vector<at::Tensor>
   exact.wire.reset();
   const Plan plan =
       plan_reduction(exact, t.scalar_type(), t.nbytes(), opts.reduceOp.op_, premul_factor(opts.reduceOp), size_);
-  count(t.nbytes(), t.nbytes(), false);
+  stats_.record(t.nbytes(), t.nbytes(), false);
   const int root = int(opts.rootRank);
   return enqueue(c10d::OpType::REDUCE, "reduce", tensors, timeout_of(opts.timeout), kUntouched,
                  [this, t, root, plan](HostWork&) mutable {
@@ -380,6 +396,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce(std::vector<at::Tensor>
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
+  if (on_cuda(inputs)) return cuda_path("gather").inner().gather(outputs, inputs, opts);
   const at::Tensor& in = checks::single(inputs, "gather");
   checks::root(opts.rootRank, size_, "gather");
   const int root = int(opts.rootRank);
@@ -391,7 +408,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::gather(std::vector<std::vector
   } else {
     TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(), "cnccl gather: only the root rank takes outputs");
   }
-  count(in.nbytes(), in.nbytes(), false);
+  stats_.record(in.nbytes(), in.nbytes(), false);
   return enqueue(c10d::OpType::GATHER, "gather", outs, timeout_of(opts.timeout), kUntouched,
                  [this, in, outs, root](HostWork&) mutable {
                    const size_t bytes = in.nbytes();
@@ -406,6 +423,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::gather(std::vector<std::vector
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
+  if (on_cuda(outputs)) return cuda_path("scatter").inner().scatter(outputs, inputs, opts);
   const at::Tensor& out = checks::single(outputs, "scatter");
   checks::root(opts.rootRank, size_, "scatter");
   const int root = int(opts.rootRank);
@@ -417,7 +435,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::scatter(std::vector<at::Tensor
   } else {
     TORCH_CHECK_VALUE(inputs.empty() || inputs[0].empty(), "cnccl scatter: only the root rank takes inputs");
   }
-  count(out.nbytes(), out.nbytes(), false);
+  stats_.record(out.nbytes(), out.nbytes(), false);
   return enqueue(c10d::OpType::SCATTER, "scatter", outputs, timeout_of(opts.timeout), kUntouched,
                  [this, ins, out, root](HostWork&) mutable {
                    const size_t bytes = out.nbytes();
@@ -459,6 +477,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall_base(at::Tensor& outp
                                                                 std::vector<int64_t>& output_split_sizes,
                                                                 std::vector<int64_t>& input_split_sizes,
                                                                 const c10d::AllToAllOptions& opts) {
+  if (on_cuda(output)) {
+    return cuda_path("all_to_all_single").inner().alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+  }
   checks::host_tensor(output, "all_to_all_single");
   checks::host_tensor(input, "all_to_all_single");
   TORCH_CHECK_TYPE(input.scalar_type() == output.scalar_type(), "cnccl all_to_all_single: output dtype ",
@@ -472,7 +493,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall_base(at::Tensor& outp
   layout(output_split_sizes, out_rows, size_, out_row, "output", recv_off, recv_len);
   TORCH_CHECK_VALUE(send_len[rank_] == recv_len[rank_], "cnccl all_to_all_single: this rank sends itself ",
                     send_len[rank_], " bytes but expects ", recv_len[rank_]);
-  count(input.nbytes(), input.nbytes(), false);
+  stats_.record(input.nbytes(), input.nbytes(), false);
   return enqueue(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output}, timeout_of(opts.timeout), kUntouched,
                  [this, output, input, send_off, send_len, recv_off, recv_len](HostWork&) mutable {
                    char* src = scratch(1, input.nbytes());
@@ -486,6 +507,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall_base(at::Tensor& outp
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
+  if (on_cuda(outputs)) return cuda_path("all_to_all").inner().alltoall(outputs, inputs, opts);
   TORCH_CHECK_VALUE(int(inputs.size()) == size_ && int(outputs.size()) == size_, "cnccl all_to_all: expects ",
                     size_, " input and output tensors, got ", inputs.size(), " and ", outputs.size());
   std::vector<size_t> send_off, send_len, recv_off, recv_len;
@@ -504,7 +526,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall(std::vector<at::Tenso
   }
   TORCH_CHECK_VALUE(send_len[rank_] == recv_len[rank_], "cnccl all_to_all: this rank's own input and output ",
                     "differ in size");
-  count(in_total, in_total, false);
+  stats_.record(in_total, in_total, false);
   return enqueue(c10d::OpType::ALLTOALL, "all_to_all", outputs, timeout_of(opts.timeout), kUntouched,
                  [this, outputs, inputs, send_off, send_len, recv_off, recv_len, in_total, out_total](
                      HostWork&) mutable {

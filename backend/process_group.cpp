@@ -6,12 +6,13 @@
 #include "backend/host/comm.h"
 #include "backend/host/executor.h"
 #include "backend/host/ucx_transport.h"
+#include "backend/cuda/nccl_path.h"
 
 namespace cnccl {
 
 ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      c10::intrusive_ptr<cnccl::Options> options)
-    : c10d::Backend(rank, size), options_(std::move(options)) {
+    : c10d::Backend(rank, size), store_(store), options_(std::move(options)) {
   TORCH_CHECK_VALUE(options_, "cnccl: options must not be None");
   config_ = options_->resolve();
   const std::string name = options_->group_name.empty() ? "unnamed" : options_->group_name;
@@ -21,13 +22,57 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
 
 ProcessGroupCNCCL::~ProcessGroupCNCCL() { shutdown(); }
 
-void ProcessGroupCNCCL::abort() { comm_->abort("abort() was called on the process group"); }
+void ProcessGroupCNCCL::abort() {
+  comm_->abort("abort() was called on the process group");
+  if (auto path = cuda_created()) path->inner().abort();
+}
 
 void ProcessGroupCNCCL::shutdown() {
+  if (auto path = cuda_created()) path->inner().shutdown();
   if (!executor_) return;
   // Queued operations still run (and complete) unless abort() came first; then the thread exits.
   executor_->stop();
   executor_.reset();
+}
+
+std::shared_ptr<cuda::NcclPath> ProcessGroupCNCCL::cuda_created() {
+  std::lock_guard<std::mutex> lock(cuda_mutex_);
+  return cuda_;
+}
+
+cuda::NcclPath& ProcessGroupCNCCL::cuda_path(const char* op) {
+#if CNCCL_WITH_CUDA
+  std::lock_guard<std::mutex> lock(cuda_mutex_);
+  if (!cuda_) {
+    cuda::NcclPathArgs args;
+    args.store = store_;
+    args.rank = rank_;
+    args.size = size_;
+    args.options = options_.get();
+    args.config = &config_;
+    args.stats = &stats_;
+    args.group_uid = getGroupUid();
+    args.group_desc = getGroupDesc();
+    args.bound_device = getBoundDeviceId();
+    cuda_ = std::make_shared<cuda::NcclPath>(args);
+  }
+  return *cuda_;
+#else
+  TORCH_CHECK(false, "cnccl ", op, ": CUDA tensors need cnccl's CUDA path, which this build does not have (it was "
+              "built without a CUDA toolkit or against a CPU-only torch)");
+#endif
+}
+
+int ProcessGroupCNCCL::cuda_nccl_version() {
+#if CNCCL_WITH_CUDA
+  return cuda::NcclPath::loaded_nccl_version();
+#else
+  return 0;
+#endif
+}
+
+void ProcessGroupCNCCL::eagerConnectSingleDevice(at::Device device) {
+  if (device.is_cuda()) cuda_path("eager connect").inner().eagerConnectSingleDevice(device);
 }
 
 std::chrono::milliseconds ProcessGroupCNCCL::timeout_of(std::chrono::milliseconds requested) const {
@@ -39,13 +84,6 @@ char* ProcessGroupCNCCL::scratch(int which, size_t bytes) {
   auto& buffer = scratch_[which];
   if (buffer.size() < bytes) buffer = std::vector<char>(bytes);
   return buffer.data();
-}
-
-void ProcessGroupCNCCL::count(int64_t nbytes, int64_t wire_bytes, bool compressed) {
-  stats_.collectives += 1;
-  stats_.compressed_collectives += compressed ? 1 : 0;
-  stats_.bytes_uncompressed += nbytes;
-  stats_.bytes_sent += wire_bytes;
 }
 
 std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
@@ -114,14 +152,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue_p2p(c10d::OpType type,
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  if (on_cuda(tensors)) return cuda_path("send").inner().send(tensors, dst_rank, tag);
   return enqueue_p2p(c10d::OpType::SEND, checks::single(tensors, "send"), dst_rank, tag, true);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  if (on_cuda(tensors)) return cuda_path("recv").inner().recv(tensors, src_rank, tag);
   return enqueue_p2p(c10d::OpType::RECV, checks::single(tensors, "recv"), src_rank, tag, false);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  if (on_cuda(tensors)) return cuda_path("recv").inner().recvAnysource(tensors, tag);
   return enqueue_p2p(c10d::OpType::RECVANYSOURCE, checks::single(tensors, "recv"), -1, tag, false);
 }
 

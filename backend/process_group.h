@@ -8,9 +8,11 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 
 #include "backend/options.h"
 #include "backend/policy.h"
+#include "backend/stats.h"
 #include "backend/work.h"
 
 namespace cnccl {
@@ -20,13 +22,9 @@ class Comm;
 class Executor;
 }  // namespace host
 
-// Counters for one group, readable at any time (Python: cnccl.stats(group)).
-struct Stats {
-  std::atomic<uint64_t> collectives{0};
-  std::atomic<uint64_t> compressed_collectives{0};
-  std::atomic<uint64_t> bytes_uncompressed{0};  // what the collectives' tensors would put on the wire
-  std::atomic<uint64_t> bytes_sent{0};          // what they did put on it (16-bit when compressed)
-};
+namespace cuda {
+class NcclPath;
+}  // namespace cuda
 
 class ProcessGroupCNCCL : public c10d::Backend {
  public:
@@ -84,6 +82,13 @@ class ProcessGroupCNCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = {}) override;
 
+  // The NCCL version the CUDA path runs with (as ncclGetVersion reports it); 0 when this build
+  // has no CUDA path.
+  static int cuda_nccl_version();
+
+  // Creates the CUDA path's NCCL communicator now (init_process_group(device_id=...)).
+  void eagerConnectSingleDevice(at::Device device) override;
+
   // Ends every outstanding and future operation with an error; returns without waiting on peers.
   void abort() override;
   void shutdown() override;
@@ -97,15 +102,21 @@ class ProcessGroupCNCCL : public c10d::Backend {
                                          std::chrono::milliseconds timeout, const char* on_failure, Body body,
                                          int seq_count = 1);
   c10::intrusive_ptr<c10d::Work> enqueue_p2p(c10d::OpType type, at::Tensor tensor, int peer, int tag, bool is_send);
+  // CUDA tensors go to the CUDA path, created on first use; a build without one says so.
+  static bool on_cuda(const at::Tensor& t) { return t.defined() && t.is_cuda(); }
+  static bool on_cuda(const std::vector<at::Tensor>& ts) { return !ts.empty() && on_cuda(ts[0]); }
+  cuda::NcclPath& cuda_path(const char* op);
+  std::shared_ptr<cuda::NcclPath> cuda_created();  // null until the first CUDA operation
+
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
   char* scratch(int which, size_t bytes);
-  void count(int64_t nbytes, int64_t wire_bytes, bool compressed);
 
   // Bodies shared by the list, tensor and coalesced forms.
   void run_allreduce(const at::Tensor& tensor, const Plan& plan);
   void run_reduce_scatter(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
   void run_allgather(const at::Tensor& input, char* out);
 
+  c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<cnccl::Options> options_;
   Config config_;
   Stats stats_;
@@ -114,6 +125,8 @@ class ProcessGroupCNCCL : public c10d::Backend {
   std::vector<std::vector<char>> scratch_;
   std::string broken_;  // executor thread only: the first failure, after which the group is unusable
   std::unique_ptr<host::Executor> executor_;
+  std::mutex cuda_mutex_;
+  std::shared_ptr<cuda::NcclPath> cuda_;  // shared_ptr: a CPU-only build never needs its destructor
 };
 
 }  // namespace cnccl

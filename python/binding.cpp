@@ -99,7 +99,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
     d["version"] = CNCCL_VERSION;
     d["torch_version"] = TORCH_VERSION;
     d["cuda_kernels"] = bool(CNCCL_BUILD_CUDA);
-    d["cuda_collectives"] = false;  // CUDA tensors are rejected until the NCCL path lands
+    d["cuda_collectives"] = cnccl::ProcessGroupCNCCL::cuda_nccl_version() != 0;
+    d["nccl_version"] = cnccl::ProcessGroupCNCCL::cuda_nccl_version();
     d["ucx_version"] = CNCCL_UCX_VERSION;
     d["cpu_codec"] = cnccl::codec::cpu_path_name(cnccl::codec::cpu_path());
     return d;

@@ -26,11 +26,13 @@ def _create(dist_backend_opts, pg_options):
 def register():
     """Registers the backend once per process (later calls do nothing)."""
     global _registered
+    # Imported before taking the lock: when `import cnccl` comes first, this import runs torch's
+    # autoload, which calls register() again on this thread.
+    from torch.distributed import Backend
+
     with _lock:
         if _registered:
             return
-        from torch.distributed import Backend
-
         if "CNCCL" not in Backend._plugins:
             Backend.register_backend("cnccl", _create, extended_api=True, devices=["cpu", "cuda"])
         _registered = True

@@ -1,0 +1,23 @@
+// Per-group counters, shared by the host and CUDA paths (Python: cnccl.stats(group)).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace cnccl {
+
+struct Stats {
+  std::atomic<uint64_t> collectives{0};
+  std::atomic<uint64_t> compressed_collectives{0};
+  std::atomic<uint64_t> bytes_uncompressed{0};  // what the collectives' tensors would put on the wire
+  std::atomic<uint64_t> bytes_sent{0};          // what they did put on it (16-bit when compressed)
+
+  void record(int64_t nbytes, int64_t wire_bytes, bool compressed) {
+    collectives += 1;
+    compressed_collectives += compressed ? 1 : 0;
+    bytes_uncompressed += nbytes;
+    bytes_sent += wire_bytes;
+  }
+};
+
+}  // namespace cnccl

@@ -1,0 +1,80 @@
+"""What compression adds to a DDP bucket's allreduce on one GPU (issue #4), measured side by side.
+
+World size 1, one 25 MiB fp32 bucket (DDP's default bucket size). Three ways, timed with CUDA
+events over the same iterations, interleaved:
+  base   plain fp16 NCCL allreduce of a tensor with the bucket's element count (the wire alone)
+  hook   what fp16_compress_hook does on nccl: cast to fp16, divide, allreduce, copy back
+  cnccl  an fp32 allreduce on a cnccl group (fused scale-and-cast, allreduce, restore)
+The added time is each one's time minus base's; the goal is cnccl's <= 0.6x the hook's.
+
+    torchrun --nproc_per_node=1 bench/gpu_allreduce.py    (or plain python: it sets up world size 1)
+"""
+
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+import cnccl
+
+ELEMS = 25 * 2**20 // 4
+ITERS, TRIALS = 50, 15
+
+
+def timed(fn, stream):
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    for _ in range(ITERS):
+        fn()
+    stop.record(stream)
+    stop.synchronize()
+    return start.elapsed_time(stop) / ITERS * 1000  # microseconds
+
+
+def main():
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("cnccl", rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1)))
+    torch.cuda.set_device(0)
+    world = dist.get_world_size()
+    nccl = dist.new_group(backend="nccl")
+    ours = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="fp16"))
+    bucket = torch.randn(ELEMS, device="cuda")
+    wire = bucket.half()
+    stream = torch.cuda.current_stream()
+
+    def base():
+        dist.all_reduce(wire, group=nccl)
+
+    def hook():  # default_hooks.fp16_compress_hook's steps, on the same bucket
+        compressed = bucket.to(torch.float16).div_(world)
+        fut = dist.all_reduce(compressed, group=nccl, async_op=True).get_future()
+        bucket.copy_(fut.value()[0])
+
+    def cnccl_allreduce():
+        dist.all_reduce(bucket, group=ours, async_op=True).wait()
+
+    ways = {"base": base, "hook": hook, "cnccl": cnccl_allreduce}
+    for fn in ways.values():
+        for _ in range(5):
+            fn()
+    samples = {k: [] for k in ways}
+    for _ in range(TRIALS):
+        for k, fn in ways.items():
+            samples[k].append(timed(fn, stream))
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    hook_added, ours_added = med["hook"] - med["base"], med["cnccl"] - med["base"]
+    print(f"25 MiB fp32 bucket, world size {world}, {torch.cuda.get_device_name()}, NCCL "
+          f"{'.'.join(map(str, torch.cuda.nccl.version()))}; median of {TRIALS} trials x {ITERS}")
+    for k in ways:
+        print(f"  {k:6s} {med[k]:9.1f} us")
+    print(f"  added by the hook : {hook_added:9.1f} us")
+    print(f"  added by cnccl    : {ours_added:9.1f} us")
+    print(f"  cnccl / hook added: {ours_added / hook_added:9.2f}x   (goal <= 0.6x)")
+    assert cnccl.stats(ours)["compressed_collectives"] > 0, "the cnccl allreduce was not compressed"
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

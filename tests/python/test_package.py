@@ -1,0 +1,90 @@
+"""The installed package: registration and autoload, what the build contains, and how CUDA tensors
+behave on a machine without a GPU. Each check runs in a fresh interpreter (import order matters)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import cnccl
+
+CNCCL_DIR = os.path.dirname(cnccl.__file__)
+
+
+def python(code, env=None, timeout=120):
+    e = dict(os.environ, **(env or {}))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_import_cnccl_before_torch():
+    # `import cnccl` imports torch, whose autoload registers cnccl again on the same thread.
+    rc, out = python("import cnccl, torch.distributed as d; print('CNCCL' in d.Backend._plugins)", timeout=60)
+    assert rc == 0 and out.strip().endswith("True"), out
+
+
+def test_autoload_registers_without_import_and_stays_cheap():
+    rc, out = python("import sys, torch.distributed as d; "
+                     "print('CNCCL' in d.Backend._plugins, 'cnccl._C' in sys.modules)")
+    assert rc == 0 and out.strip().endswith("True False"), out
+
+
+def test_autoload_can_be_turned_off():
+    rc, out = python("import torch.distributed as d; print('CNCCL' in d.Backend._plugins)",
+                     env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert rc == 0 and out.strip().endswith("False"), out
+
+
+def nccl_code(version):
+    major, minor, patch = version
+    return major * 10000 + minor * 100 + patch
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="torch is a CPU-only build: cnccl has no CUDA path")
+def test_build_contains_the_cuda_path():
+    info = cnccl.build_info()
+    assert info["cuda_kernels"] and info["cuda_collectives"], info
+    # The NCCL the CUDA path calls is the one torch loaded (linked by soname, not the toolkit's copy).
+    assert info["nccl_version"] == nccl_code(torch.cuda.nccl.version()), (info, torch.cuda.nccl.version())
+    lib = os.path.join(CNCCL_DIR, "libcnccl.so")
+    needed = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
+    for soname in ("libnccl.so.2", "libtorch_cuda.so", "libcudart.so"):
+        assert soname in needed, f"{lib} does not link {soname}"
+    symbols = subprocess.run(["nm", "-DC", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
+    for fn in ("NcclPath::allreduce(", "NcclPath::reduce_scatter_tensor(", "CompressedWork::wait(",
+               "codec::cuda::cast(", "codec::cuda::restore("):
+        assert re.search(re.escape("cnccl::") + r"\S*" + re.escape(fn), symbols), f"{fn} is not in {lib}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour on a machine without a GPU")
+def test_cuda_tensors_without_a_gpu_get_torchs_error():
+    code = """
+import os, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(__import__("harness").free_port()))
+dist.init_process_group("cnccl", rank=0, world_size=1)
+backend = dist.group.WORLD._get_backend(torch.device("cuda"))
+print(type(backend).__name__)
+for attempt in range(2):
+    try:
+        backend.eager_connect_single_device(torch.device("cuda:0"))
+    except ValueError as e:
+        print("eager:", e)
+try:
+    dist.all_reduce(torch.ones(4, device="cuda"))
+except RuntimeError as e:
+    print("tensor:", str(e).split(".")[0])
+t = torch.ones(4)
+dist.all_reduce(t)
+print("cpu still works:", t.tolist())
+dist.destroy_process_group()
+"""
+    here = os.path.dirname(os.path.abspath(__file__))
+    rc, out = python(code, env={"PYTHONPATH": here, "MALLOC_CHECK_": "3"})
+    assert rc == 0, f"exit code {rc}:\n{out}"
+    assert "ProcessGroupCNCCL" in out, out
+    assert out.count("eager: ProcessGroupNCCL is only supported with GPUs, no GPUs found!") == 2, out
+    assert "tensor: Found no NVIDIA driver on your system" in out, out
+    assert "cpu still works: [1.0, 1.0, 1.0, 1.0]" in out, out
