@@ -1,6 +1,8 @@
 // Collectives on CPU tensors. Each one checks its arguments on the caller's thread, then queues
 // a body that works in a scratch buffer and writes the caller's outputs only once everything has
 // arrived: a collective that fails leaves the caller's tensors as they were.
+#include <atomic>
+#include <chrono>
 #include <cstring>
 
 #include "backend/checks.h"
@@ -48,6 +50,22 @@ host::Reducer wire_reducer(codec::Wire wire, RedOp op) {
   return aten_reducer(wire == codec::Wire::kFp16 ? at::kHalf : at::kBFloat16, op);
 }
 
+// A compressed SUM's reducer that casts this rank's own contribution as it goes: the wire element
+// at index i of `ws` comes from source(i). Used with the ring algorithms, which reduce every part
+// but the first one sent exactly once before sending it, so casting ahead only that part and
+// folding the rest into their reduction saves a pass over memory.
+template <typename Source>
+host::Reducer cast_add_reducer(uint16_t* ws, Source source, const Plan& plan) {
+  return [ws, source, scale = float(plan.pre_scale), wire = plan.wire](void* acc, const void* in, size_t n) {
+    auto* out = static_cast<uint16_t*>(acc);
+    codec::cast_add(source(size_t(out - ws)), static_cast<const uint16_t*>(in), out, n, scale, wire);
+  };
+}
+
+bool folds_cast(const Plan& plan, at::ScalarType dtype) {
+  return plan.compress && plan.inner_op == RedOp::SUM && dtype == at::kFloat;
+}
+
 // Casts `src` (fp32 or fp64, contiguous) into the 16-bit workspace.
 void cast_into(const at::Tensor& src, uint16_t* dst, const Plan& plan) {
   const size_t n = src.numel();
@@ -81,6 +99,28 @@ void unpack(char* src, const at::Tensor& dst) {
   dst.copy_(view(src, dst.numel(), dst.scalar_type()).view(dst.sizes()));
 }
 
+// Adds the time from construction (or the last lap) to a counter on lap().
+class PhaseTimer {
+ public:
+  void lap(std::atomic<uint64_t>& into) {
+    const auto now = std::chrono::steady_clock::now();
+    into += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count());
+    start_ = now;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+// A reducer that also adds its own time to `into`.
+host::Reducer timed(host::Reducer reduce, std::atomic<uint64_t>& into) {
+  return [reduce = std::move(reduce), &into](void* acc, const void* in, size_t n) {
+    PhaseTimer t;
+    reduce(acc, in, n);
+    t.lap(into);
+  };
+}
+
 // Uncompressed AVG/PREMUL_SUM scaling, in the tensor's own dtype.
 void pre_scale(char* data, int64_t numel, at::ScalarType dtype, const Plan& plan) {
   if (plan.pre_scale != 1.0) view(data, numel, dtype).mul_(plan.pre_scale);
@@ -92,29 +132,47 @@ void post_scale(char* data, int64_t numel, at::ScalarType dtype, const Plan& pla
 }  // namespace
 
 void ProcessGroupCNCCL::run_allreduce(const at::Tensor& tensor, const Plan& plan) {
+  PhaseTimer timer;
   at::Tensor t = tensor;
   const size_t n = t.numel();
   const at::Tensor src = t.contiguous();
   const size_t elem = plan.compress ? 2 : t.element_size();
   char* ws = scratch(0, n * elem);
-  host::Reducer reduce = plan.compress ? wire_reducer(plan.wire, plan.inner_op) : aten_reducer(t.scalar_type(), plan.inner_op);
-  if (plan.compress) {
-    cast_into(src, reinterpret_cast<uint16_t*>(ws), plan);
+  const uint64_t reduce_before = stats_.reduce_ns.load();
+  const bool ring = n * elem > kDirectAllreduceMaxBytes;
+  auto* wire = reinterpret_cast<uint16_t*>(ws);
+  host::Reducer reduce;
+  if (ring && folds_cast(plan, t.scalar_type())) {
+    const host::Parts parts = host::Parts::even(n, size_);
+    const int first = (rank_ + size_ - 1) % size_;
+    const float* x = src.const_data_ptr<float>();
+    codec::cast(x + parts.offset[first], wire + parts.offset[first], parts.length[first], float(plan.pre_scale),
+                plan.wire);
+    reduce = cast_add_reducer(wire, [x](size_t i) { return x + i; }, plan);
   } else {
+    reduce = plan.compress ? wire_reducer(plan.wire, plan.inner_op) : aten_reducer(t.scalar_type(), plan.inner_op);
+    if (plan.compress) cast_into(src, wire, plan);
+  }
+  reduce = timed(std::move(reduce), stats_.reduce_ns);
+  if (!plan.compress) {
     pack(src, ws);
     pre_scale(ws, n, t.scalar_type(), plan);
   }
-  if (n * elem <= kDirectAllreduceMaxBytes) {
-    host::allreduce_direct(*comm_, ws, n, elem, reduce);
-  } else {
+  timer.lap(stats_.cast_ns);
+  if (ring) {
     host::allreduce_ring(*comm_, ws, n, elem, reduce);
+  } else {
+    host::allreduce_direct(*comm_, ws, n, elem, reduce);
   }
+  timer.lap(stats_.transfer_ns);
+  stats_.transfer_ns -= stats_.reduce_ns.load() - reduce_before;
   if (plan.compress) {
-    restore_into(reinterpret_cast<uint16_t*>(ws), t, plan);
+    restore_into(wire, t, plan);
   } else {
     post_scale(ws, n, t.scalar_type(), plan);
     unpack(ws, t);
   }
+  timer.lap(stats_.restore_ns);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allreduce(std::vector<at::Tensor>& tensors,
@@ -152,23 +210,39 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allreduce_coalesced(std::vecto
 
 void ProcessGroupCNCCL::run_reduce_scatter(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
                                            const Plan& plan) {
+  PhaseTimer timer;
   at::Tensor out = output;
   const size_t each = out.numel();
   const size_t elem = plan.compress ? 2 : out.element_size();
   char* ws = scratch(0, each * elem * size_);
-  for (int i = 0; i < size_; ++i) {
-    char* part = ws + each * elem * i;
-    if (plan.compress) {
-      cast_into(inputs[i].contiguous(), reinterpret_cast<uint16_t*>(part), plan);
-    } else {
-      pack(inputs[i], part);
+  auto* wire = reinterpret_cast<uint16_t*>(ws);
+  const uint64_t reduce_before = stats_.reduce_ns.load();
+  host::Reducer reduce;
+  if (folds_cast(plan, out.scalar_type())) {
+    std::vector<at::Tensor> srcs;
+    for (const auto& in : inputs) srcs.push_back(in.contiguous());
+    const int first = (rank_ + size_ - 1) % size_;
+    cast_into(srcs[first], wire + each * first, plan);
+    std::vector<const float*> x;
+    for (const auto& in : srcs) x.push_back(in.const_data_ptr<float>());
+    // The reducer keeps `srcs` alive: they may be contiguous copies made here.
+    reduce = cast_add_reducer(wire, [x, each, srcs](size_t i) { return x[i / each] + i % each; }, plan);
+  } else {
+    for (int i = 0; i < size_; ++i) {
+      char* part = ws + each * elem * i;
+      if (plan.compress) {
+        cast_into(inputs[i].contiguous(), reinterpret_cast<uint16_t*>(part), plan);
+      } else {
+        pack(inputs[i], part);
+      }
     }
+    if (!plan.compress) pre_scale(ws, each * size_, out.scalar_type(), plan);
+    reduce = plan.compress ? wire_reducer(plan.wire, plan.inner_op) : aten_reducer(out.scalar_type(), plan.inner_op);
   }
-  if (!plan.compress) pre_scale(ws, each * size_, out.scalar_type(), plan);
-  const host::Parts parts = host::Parts::equal(each, size_);
-  host::reduce_scatter_ring(*comm_, ws, parts, elem,
-                            plan.compress ? wire_reducer(plan.wire, plan.inner_op)
-                                          : aten_reducer(out.scalar_type(), plan.inner_op));
+  timer.lap(stats_.cast_ns);
+  host::reduce_scatter_ring(*comm_, ws, host::Parts::equal(each, size_), elem, timed(std::move(reduce), stats_.reduce_ns));
+  timer.lap(stats_.transfer_ns);
+  stats_.transfer_ns -= stats_.reduce_ns.load() - reduce_before;
   char* mine = ws + each * elem * rank_;
   if (plan.compress) {
     restore_into(reinterpret_cast<uint16_t*>(mine), out, plan);
@@ -176,6 +250,7 @@ void ProcessGroupCNCCL::run_reduce_scatter(const std::vector<at::Tensor>& inputs
     post_scale(mine, each, out.scalar_type(), plan);
     unpack(mine, out);
   }
+  timer.lap(stats_.restore_ns);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter(std::vector<at::Tensor>& outputs,

@@ -91,7 +91,11 @@ std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
           {"compressed_collectives", stats_.compressed_collectives.load()},
           {"bytes_uncompressed", stats_.bytes_uncompressed.load()},
           {"bytes_sent", stats_.bytes_sent.load()},
-          {"transport_bytes_sent", comm_->bytes_sent()}};
+          {"transport_bytes_sent", comm_->bytes_sent()},
+          {"cast_ns", stats_.cast_ns.load()},
+          {"reduce_ns", stats_.reduce_ns.load()},
+          {"transfer_ns", stats_.transfer_ns.load()},
+          {"restore_ns", stats_.restore_ns.load()}};
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue(c10d::OpType type, const char* name,

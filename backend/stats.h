@@ -12,6 +12,14 @@ struct Stats {
   std::atomic<uint64_t> bytes_uncompressed{0};  // what the collectives' tensors would put on the wire
   std::atomic<uint64_t> bytes_sent{0};          // what they did put on it (16-bit when compressed)
 
+  // Host path time by phase, summed over collectives: the scale-and-cast (or packing copy), the
+  // reductions, the rest of the algorithm (moving bytes and waiting on peers), the restore (or
+  // unpacking copy). What bench/allreduce.py prints as its breakdown.
+  std::atomic<uint64_t> cast_ns{0};
+  std::atomic<uint64_t> reduce_ns{0};
+  std::atomic<uint64_t> transfer_ns{0};
+  std::atomic<uint64_t> restore_ns{0};
+
   void record(int64_t nbytes, int64_t wire_bytes, bool compressed) {
     collectives += 1;
     compressed_collectives += compressed ? 1 : 0;

@@ -32,4 +32,9 @@ void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire)
 // acc[i] = round16(widen(acc[i]) + widen(in[i])): one rounding per add, like NCCL's 16-bit sum.
 void add(uint16_t* acc, const uint16_t* in, size_t n, Wire wire);
 
+// acc[i] = round16(widen(round16(src[i] * scale)) + widen(in[i])): cast then add in one pass over
+// memory, bit-identical to cast() into acc followed by add(). The host ring uses it to fold the
+// cast of a part into that part's first reduction.
+void cast_add(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire wire);
+
 }  // namespace cnccl::codec

@@ -159,10 +159,29 @@ void add(uint16_t* acc, const uint16_t* in, size_t n, Wire w) {
   scalar_kernels().add(acc + i, in + i, n - i, w);
 }
 
+// The cast's 16-bit rounding, widened back to fp32 (what add() would read from memory).
+inline __m256 rounded(__m256 v, Wire w) {
+  if (w == Wire::kFp16) return _mm256_cvtph_ps(_mm256_cvtps_ph(v, kRound));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_round(v), 16));
+}
+
+void cast_add_f32(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire w) {
+  const __m256 s = _mm256_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(src + i + 8) + kPrefetchBytes, _MM_HINT_T0);
+    const __m256 a = _mm256_add_ps(rounded(_mm256_mul_ps(_mm256_loadu_ps(src + i), s), w), widen8(in + i, w));
+    const __m256 b = _mm256_add_ps(rounded(_mm256_mul_ps(_mm256_loadu_ps(src + i + 8), s), w), widen8(in + i + 8, w));
+    narrow16(a, b, acc + i, w);
+  }
+  scalar_kernels().cast_add_f32(src + i, in + i, acc + i, n - i, scale, w);
+}
+
 }  // namespace
 
 const CpuKernels* avx2_f16c_kernels() {
-  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add};
+  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add, cast_add_f32};
   return &kernels;
 }
 

@@ -65,5 +65,8 @@ void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire)
   active().restore_f64(src, dst, n, scale, wire);
 }
 void add(uint16_t* acc, const uint16_t* in, size_t n, Wire wire) { active().add(acc, in, n, wire); }
+void cast_add(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire wire) {
+  active().cast_add_f32(src, in, acc, n, scale, wire);
+}
 
 }  // namespace cnccl::codec

@@ -80,10 +80,14 @@ void add(uint16_t* acc, const uint16_t* in, size_t n, Wire w) {
   for (size_t i = 0; i < n; ++i) acc[i] = to_wire(from_wire(acc[i], w) + from_wire(in[i], w), w);
 }
 
+void cast_add_f32(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire w) {
+  for (size_t i = 0; i < n; ++i) acc[i] = to_wire(from_wire(to_wire(src[i] * scale, w), w) + from_wire(in[i], w), w);
+}
+
 }  // namespace
 
 const CpuKernels& scalar_kernels() {
-  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add};
+  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add, cast_add_f32};
   return kernels;
 }
 

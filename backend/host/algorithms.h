@@ -24,12 +24,15 @@ struct Parts {
 };
 
 // Ring reduce-scatter: afterwards part r of `data` on rank r holds the reduction of every
-// rank's part r. Uses message slots [slot_base, slot_base + size - 1).
+// rank's part r. Uses message slots [slot_base, slot_base + size - 1). Rank r first sends part
+// r-1 as it is; each other part is passed to `reduce` exactly once (possibly in segments) before
+// it is sent on, so a reducer may produce the rank's own contribution as it reduces.
 void reduce_scatter_ring(Comm& comm, char* data, const Parts& parts, size_t elem, const Reducer& reduce,
                          uint32_t slot_base = 0);
 // Ring allgather: on entry part r of `data` on rank r is valid; afterwards all parts are.
 void allgather_ring(Comm& comm, char* data, const Parts& parts, size_t elem, uint32_t slot_base = 0);
-// Bandwidth-optimal allreduce for large buffers: reduce_scatter_ring then allgather_ring.
+// Bandwidth-optimal allreduce for large buffers: reduce_scatter_ring over Parts::even(count, size),
+// then allgather_ring.
 void allreduce_ring(Comm& comm, char* data, size_t count, size_t elem, const Reducer& reduce);
 // Latency-optimal allreduce for small buffers: one exchange with every peer, then each rank
 // reduces all contributions in rank order (so every rank computes the identical result).

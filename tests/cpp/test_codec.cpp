@@ -232,6 +232,33 @@ TEST_P(Codec, AddRoundsOnceLikeTorch) {
   }
 }
 
+TEST_P(Codec, CastAddEqualsCastThenAdd) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uniform(-70000.0f, 70000.0f);
+  for (Wire w : {Wire::kFp16, Wire::kBf16}) {
+    for (size_t n : {size_t(0), size_t(1), size_t(15), size_t(17), size_t(1) << 18 | 5}) {
+      std::vector<float> src(n);
+      std::vector<uint16_t> in(n);
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t bits = rng();
+        float f;
+        std::memcpy(&f, &bits, 4);
+        src[i] = i % 2 ? f : uniform(rng);  // half arbitrary bit patterns (inf, NaN, subnormals), half in range
+        in[i] = static_cast<uint16_t>(rng());
+      }
+      for (float scale : {1.0f, 0.25f, 0.37f}) {
+        std::vector<uint16_t> want(n), got(n, 0xABCD);
+        cast(src.data(), want.data(), n, scale, w);
+        add(want.data(), in.data(), n, w);
+        cast_add(src.data(), in.data(), got.data(), n, scale, w);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; ++i) bad += is_nan16(want[i], w) ? !is_nan16(got[i], w) : got[i] != want[i];
+        EXPECT_EQ(bad, 0u) << wire_name(w) << " n=" << n << " scale=" << scale;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(CpuPaths, Codec, ::testing::Values(CpuPath::kScalar, CpuPath::kAvx2F16c),
                          [](const auto& info) { return std::string(info.param == CpuPath::kScalar ? "Scalar" : "Avx2F16c"); });
 
