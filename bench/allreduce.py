@@ -29,6 +29,10 @@ PHASES = ("cast", "reduce", "transfer", "restore")
 def worker(rank, world, port, sizes, trials, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
+    if world <= os.cpu_count():
+        # One core per rank, as a launcher's CPU binding would: no rank's threads migrate onto the
+        # other's core, which otherwise makes the variants' times swing run to run.
+        os.sched_setaffinity(0, {rank})
     import cnccl
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
