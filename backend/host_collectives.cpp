@@ -62,6 +62,15 @@ host::Reducer cast_add_reducer(uint16_t* ws, Source source, const Plan& plan) {
   };
 }
 
+// What every rank must agree on for a collective (checked through Comm::begin's headers).
+std::string describe(const at::Tensor& t) {
+  return std::to_string(t.numel()) + " x " + c10::toString(t.scalar_type());
+}
+std::string describe(const at::Tensor& t, const Plan& plan, RedOp op) {
+  return describe(t) + ", " + op_name(op) + ", " + (plan.compress ? codec::wire_name(plan.wire) : "no") + " wire";
+}
+std::string with_root(std::string what, int root) { return what + ", root " + std::to_string(root); }
+
 bool folds_cast(const Plan& plan, at::ScalarType dtype) {
   return plan.compress && plan.inner_op == RedOp::SUM && dtype == at::kFloat;
 }
@@ -182,7 +191,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allreduce(std::vector<at::Tens
   const Plan plan = plan_reduction(config_, t.scalar_type(), t.nbytes(), opts.reduceOp.op_,
                                    premul_factor(opts.reduceOp), size_);
   stats_.record(t.nbytes(), plan.compress ? t.numel() * 2 : t.nbytes(), plan.compress);
-  return enqueue(c10d::OpType::ALLREDUCE, "allreduce", tensors, timeout_of(opts.timeout), kUntouched,
+  return enqueue(c10d::OpType::ALLREDUCE, "allreduce", describe(t, plan, opts.reduceOp.op_), tensors,
+                 timeout_of(opts.timeout), kUntouched,
                  [this, t, plan](HostWork&) { run_allreduce(t, plan); });
 }
 
@@ -191,17 +201,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allreduce_coalesced(std::vecto
   if (on_cuda(tensors)) return cuda_path("allreduce_coalesced").allreduce_coalesced(tensors, opts);
   TORCH_CHECK_VALUE(!tensors.empty(), "cnccl allreduce_coalesced: no tensors");
   std::vector<Plan> plans;
+  std::vector<std::string> sigs;
   for (const auto& t : tensors) {
     checks::host_tensor(t, "allreduce_coalesced");
     plans.push_back(plan_reduction(config_, t.scalar_type(), t.nbytes(), opts.reduceOp.op_,
                                    premul_factor(opts.reduceOp), size_));
+    sigs.push_back(describe(t, plans.back(), opts.reduceOp.op_));
     stats_.record(t.nbytes(), plans.back().compress ? t.numel() * 2 : t.nbytes(), plans.back().compress);
   }
   const auto timeout = timeout_of(opts.timeout);
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors, timeout, kUntouched,
-                 [this, tensors, plans, timeout](HostWork& work) {
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", sigs[0], tensors, timeout, kUntouched,
+                 [this, tensors, plans, sigs, timeout](HostWork& work) {
                    for (size_t i = 0; i < tensors.size(); ++i) {
-                     comm_->begin("allreduce_coalesced", work.getSequencenumber() + i, timeout);
+                     if (i) comm_->begin("allreduce_coalesced", work.getSequencenumber() + i, timeout, sigs[i]);
                      run_allreduce(tensors[i], plans[i]);
                    }
                  },
@@ -265,7 +277,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter(std::vector<at:
                                    premul_factor(opts.reduceOp), size_);
   stats_.record(nbytes, plan.compress ? out.numel() * size_ * 2 : nbytes, plan.compress);
   std::vector<at::Tensor> ins = inputs[0];
-  return enqueue(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", outputs, timeout_of(opts.timeout), kUntouched,
+  return enqueue(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", describe(out, plan, opts.reduceOp.op_), outputs,
+                 timeout_of(opts.timeout), kUntouched,
                  [this, ins, out, plan](HostWork&) { run_reduce_scatter(ins, out, plan); });
 }
 
@@ -282,8 +295,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::_reduce_scatter_base(at::Tenso
                                    premul_factor(opts.reduceOp), size_);
   stats_.record(input.nbytes(), plan.compress ? input.numel() * 2 : input.nbytes(), plan.compress);
   std::vector<at::Tensor> parts = input.contiguous().reshape({-1}).chunk(size_);
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output}, timeout_of(opts.timeout),
-                 kUntouched, [this, parts, output, plan](HostWork&) { run_reduce_scatter(parts, output, plan); });
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", describe(input, plan, opts.reduceOp.op_),
+                 {output}, timeout_of(opts.timeout), kUntouched, [this, parts, output, plan](HostWork&) { run_reduce_scatter(parts, output, plan); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter_tensor_coalesced(
@@ -296,6 +309,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter_tensor_coalesce
                     " and ", inputs.size());
   std::vector<std::vector<at::Tensor>> parts;
   std::vector<Plan> plans;
+  std::vector<std::string> sigs;
   for (size_t i = 0; i < inputs.size(); ++i) {
     checks::host_tensor(inputs[i], "reduce_scatter_tensor_coalesced");
     checks::host_tensor(outputs[i], "reduce_scatter_tensor_coalesced");
@@ -305,16 +319,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter_tensor_coalesce
                       " elements of the same dtype");
     plans.push_back(plan_reduction(config_, inputs[i].scalar_type(), inputs[i].nbytes(), opts.reduceOp.op_,
                                    premul_factor(opts.reduceOp), size_));
+    sigs.push_back(describe(inputs[i], plans.back(), opts.reduceOp.op_));
     stats_.record(inputs[i].nbytes(), plans.back().compress ? inputs[i].numel() * 2 : inputs[i].nbytes(),
-          plans.back().compress);
+                  plans.back().compress);
     parts.push_back(inputs[i].contiguous().reshape({-1}).chunk(size_));
   }
   const auto timeout = timeout_of(opts.timeout);
-  return enqueue(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs, timeout,
-                 kUntouched,
-                 [this, parts, outputs, plans, timeout](HostWork& work) {
+  return enqueue(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", sigs[0], outputs, timeout, kUntouched,
+                 [this, parts, outputs, plans, sigs, timeout](HostWork& work) {
                    for (size_t i = 0; i < parts.size(); ++i) {
-                     comm_->begin("reduce_scatter_tensor_coalesced", work.getSequencenumber() + i, timeout);
+                     if (i) {
+                       comm_->begin("reduce_scatter_tensor_coalesced", work.getSequencenumber() + i, timeout, sigs[i]);
+                     }
                      run_reduce_scatter(parts[i], outputs[i], plans[i]);
                    }
                  },
@@ -336,7 +352,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather(std::vector<std::vec
   checks::list_like(outputs[0], size_, in, "allgather", "output");
   stats_.record(in.nbytes() * size_, in.nbytes() * size_, false);
   std::vector<at::Tensor> outs = outputs[0];
-  return enqueue(c10d::OpType::ALLGATHER, "allgather", outs, timeout_of(opts.timeout), kUntouched,
+  return enqueue(c10d::OpType::ALLGATHER, "allgather", describe(in), outs, timeout_of(opts.timeout), kUntouched,
                  [this, in, outs](HostWork&) mutable {
                    char* ws = scratch(0, in.nbytes() * size_);
                    run_allgather(in, ws);
@@ -360,10 +376,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_coalesced(std::vecto
   }
   const auto timeout = timeout_of(opts.timeout);
   auto outs = outputs;
-  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", flat_outputs, timeout, kUntouched,
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", describe(inputs[0]), flat_outputs, timeout,
+                 kUntouched,
                  [this, inputs, outs, timeout](HostWork& work) mutable {
                    for (size_t i = 0; i < inputs.size(); ++i) {
-                     comm_->begin("allgather_coalesced", work.getSequencenumber() + i, timeout);
+                     if (i) comm_->begin("allgather_coalesced", work.getSequencenumber() + i, timeout, describe(inputs[i]));
                      char* ws = scratch(0, inputs[i].nbytes() * size_);
                      run_allgather(inputs[i], ws);
                      for (int r = 0; r < size_; ++r) unpack(ws + inputs[i].nbytes() * r, outs[i][r]);
@@ -382,7 +399,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::_allgather_base(at::Tensor& ou
   TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "cnccl all_gather_into_tensor: output has ",
                     output.numel(), " elements, expected world size (", size_, ") x input (", input.numel(), ")");
   stats_.record(output.nbytes(), output.nbytes(), false);
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, timeout_of(opts.timeout),
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", describe(input), {output},
+                 timeout_of(opts.timeout),
                  kOutputsUndefined, [this, output, input](HostWork&) mutable {
                    if (output.is_contiguous()) {
                      run_allgather(input, static_cast<char*>(output.data_ptr()));
@@ -412,11 +430,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_into_tensor_coalesce
     stats_.record(outputs[i].nbytes(), outputs[i].nbytes(), false);
   }
   const auto timeout = timeout_of(opts.timeout);
-  return enqueue(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", outputs, timeout,
+  return enqueue(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", describe(inputs[0]), outputs, timeout,
                  kUntouched,
                  [this, outputs, inputs, timeout](HostWork& work) mutable {
                    for (size_t i = 0; i < inputs.size(); ++i) {
-                     comm_->begin("allgather_into_tensor_coalesced", work.getSequencenumber() + i, timeout);
+                     if (i) {
+                       comm_->begin("allgather_into_tensor_coalesced", work.getSequencenumber() + i, timeout,
+                                    describe(inputs[i]));
+                     }
                      char* ws = scratch(0, outputs[i].nbytes());
                      run_allgather(inputs[i], ws);
                      unpack(ws, outputs[i]);
@@ -432,7 +453,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::broadcast(std::vector<at::Tens
   checks::root(opts.rootRank, size_, "broadcast");
   stats_.record(t.nbytes(), t.nbytes(), false);
   const int root = int(opts.rootRank);
-  return enqueue(c10d::OpType::BROADCAST, "broadcast", tensors, timeout_of(opts.timeout), kUntouched,
+  return enqueue(c10d::OpType::BROADCAST, "broadcast", with_root(describe(t), root), tensors, timeout_of(opts.timeout), kUntouched,
                  [this, t, root](HostWork&) mutable {
                    char* ws = scratch(0, t.nbytes());
                    if (rank_ == root) pack(t, ws);
@@ -453,7 +474,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce(std::vector<at::Tensor>
       plan_reduction(exact, t.scalar_type(), t.nbytes(), opts.reduceOp.op_, premul_factor(opts.reduceOp), size_);
   stats_.record(t.nbytes(), t.nbytes(), false);
   const int root = int(opts.rootRank);
-  return enqueue(c10d::OpType::REDUCE, "reduce", tensors, timeout_of(opts.timeout), kUntouched,
+  return enqueue(c10d::OpType::REDUCE, "reduce", with_root(describe(t, plan, opts.reduceOp.op_), root), tensors, timeout_of(opts.timeout), kUntouched,
                  [this, t, root, plan](HostWork&) mutable {
                    const int64_t n = t.numel();
                    char* ws = scratch(0, t.nbytes());
@@ -484,7 +505,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::gather(std::vector<std::vector
     TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(), "cnccl gather: only the root rank takes outputs");
   }
   stats_.record(in.nbytes(), in.nbytes(), false);
-  return enqueue(c10d::OpType::GATHER, "gather", outs, timeout_of(opts.timeout), kUntouched,
+  return enqueue(c10d::OpType::GATHER, "gather", with_root(describe(in), root), outs, timeout_of(opts.timeout), kUntouched,
                  [this, in, outs, root](HostWork&) mutable {
                    const size_t bytes = in.nbytes();
                    char* ws = scratch(0, bytes * (rank_ == root ? size_ : 1));
@@ -511,7 +532,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::scatter(std::vector<at::Tensor
     TORCH_CHECK_VALUE(inputs.empty() || inputs[0].empty(), "cnccl scatter: only the root rank takes inputs");
   }
   stats_.record(out.nbytes(), out.nbytes(), false);
-  return enqueue(c10d::OpType::SCATTER, "scatter", outputs, timeout_of(opts.timeout), kUntouched,
+  return enqueue(c10d::OpType::SCATTER, "scatter", with_root(describe(out), root), outputs, timeout_of(opts.timeout), kUntouched,
                  [this, ins, out, root](HostWork&) mutable {
                    const size_t bytes = out.nbytes();
                    char* src = scratch(1, bytes * ins.size());
@@ -569,7 +590,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall_base(at::Tensor& outp
   TORCH_CHECK_VALUE(send_len[rank_] == recv_len[rank_], "cnccl all_to_all_single: this rank sends itself ",
                     send_len[rank_], " bytes but expects ", recv_len[rank_]);
   stats_.record(input.nbytes(), input.nbytes(), false);
-  return enqueue(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output}, timeout_of(opts.timeout), kUntouched,
+  // Split sizes may differ between ranks; the dtype and row size may not.
+  const std::string sig = std::string(c10::toString(input.scalar_type())) + " rows of " + std::to_string(in_row) + " bytes";
+  return enqueue(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", sig, {output}, timeout_of(opts.timeout), kUntouched,
                  [this, output, input, send_off, send_len, recv_off, recv_len](HostWork&) mutable {
                    char* src = scratch(1, input.nbytes());
                    pack(input, src);
@@ -602,7 +625,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall(std::vector<at::Tenso
   TORCH_CHECK_VALUE(send_len[rank_] == recv_len[rank_], "cnccl all_to_all: this rank's own input and output ",
                     "differ in size");
   stats_.record(in_total, in_total, false);
-  return enqueue(c10d::OpType::ALLTOALL, "all_to_all", outputs, timeout_of(opts.timeout), kUntouched,
+  return enqueue(c10d::OpType::ALLTOALL, "all_to_all", c10::toString(inputs[0].scalar_type()), outputs, timeout_of(opts.timeout), kUntouched,
                  [this, outputs, inputs, send_off, send_len, recv_off, recv_len, in_total, out_total](
                      HostWork&) mutable {
                    char* src = scratch(1, in_total);
@@ -615,7 +638,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall(std::vector<at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::barrier(const c10d::BarrierOptions& opts) {
   stats_.collectives += 1;
-  return enqueue(c10d::OpType::BARRIER, "barrier", {}, timeout_of(opts.timeout), kUntouched,
+  return enqueue(c10d::OpType::BARRIER, "barrier", "", {}, timeout_of(opts.timeout), kUntouched,
                  [this](HostWork&) { host::barrier_direct(*comm_); });
 }
 

@@ -99,20 +99,22 @@ std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue(c10d::OpType type, const char* name,
-                                                          std::vector<at::Tensor> outputs,
+                                                          std::string signature, std::vector<at::Tensor> outputs,
                                                           std::chrono::milliseconds timeout, const char* on_failure,
                                                           Body body, int seq_count) {
   TORCH_CHECK(executor_, "cnccl ", name, ": the process group has been shut down");
   const uint64_t seq = seq_.fetch_add(seq_count);
   auto work = c10::make_intrusive<HostWork>(rank_, type, seq, std::move(outputs));
-  executor_->submit([this, work, name, seq, timeout, on_failure, body = std::move(body)] {
+  executor_->submit([this, work, name, seq, timeout, on_failure, signature = std::move(signature),
+                     body = std::move(body)] {
     try {
       if (!broken_.empty()) {
         C10_THROW_ERROR(DistBackendError, std::string("cnccl ") + name + " (seq " + std::to_string(seq) +
                                               "): the group is unusable after an earlier failure: " + broken_);
       }
-      comm_->begin(name, seq, timeout);
+      comm_->begin(name, seq, timeout, signature);
       body(*work);
+      comm_->end();
       work->complete();
     } catch (const std::exception& e) {
       if (broken_.empty()) broken_ = e.what();

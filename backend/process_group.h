@@ -98,7 +98,9 @@ class ProcessGroupCNCCL : public c10d::Backend {
   // reusable buffers (index 0: the wire workspace) so steady-state steps allocate nothing.
   using Body = std::function<void(HostWork&)>;
 
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name, std::vector<at::Tensor> outputs,
+  // `signature`: what every rank must agree on for this call (see host::Comm::begin).
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name, std::string signature,
+                                         std::vector<at::Tensor> outputs,
                                          std::chrono::milliseconds timeout, const char* on_failure, Body body,
                                          int seq_count = 1);
   c10::intrusive_ptr<c10d::Work> enqueue_p2p(c10d::OpType type, at::Tensor tensor, int peer, int tag, bool is_send);

@@ -8,9 +8,24 @@
 namespace cnccl::host {
 namespace {
 
-// Tag layout: [63] point-to-point | [62:32] collective seq or user tag | [31:16] source rank | [15:0] slot.
+// Tag layout: [63] point-to-point | [62:32] user tag, or for collectives: [62] notice | [61:48] seq
+// | [47:32] signature hash | [31:16] source rank | [15:0] slot. The hash keeps a message of a rank
+// that called something else from ever matching (no wrong tensor); the headers, which carry the
+// signature itself, go with hash 0. 14 bits of seq suffice: a rank cannot finish a collective
+// before its ring neighbours have begun it, so no rank runs more than size/2 collectives ahead.
 constexpr uint64_t kP2pBit = uint64_t{1} << 63;
+constexpr uint64_t kNoticeBit = uint64_t{1} << 62;
 constexpr uint64_t kSourceMask = uint64_t{0xFFFF} << 16;
+// The slots of the two signature headers; the algorithms' own slots stay below them.
+constexpr uint32_t kHeaderToRight = 0xFFFF;
+constexpr uint32_t kHeaderToLeft = 0xFFFE;
+
+// A hash every build computes alike (ranks may run different builds of the same version).
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
 
 uint64_t p2p_tag(int source, int user_tag) {
   return kP2pBit | (uint64_t(uint32_t(user_tag) & 0x7FFFFFFFu) << 32) | (uint64_t(source & 0xFFFF) << 16);
@@ -39,17 +54,69 @@ class Backoff {
 
 Comm::Comm(std::unique_ptr<Transport> transport, std::string group_name)
     : transport_(std::move(transport)), group_name_(std::move(group_name)) {
-  TORCH_CHECK(transport_->size() <= 0x10000, "cnccl: the host path supports at most 65536 ranks");
+  TORCH_CHECK(transport_->size() <= 0x4000, "cnccl: the host path supports at most 16384 ranks");
+  if (size() > 1) {
+    notice_recv_ = transport_->irecv(-1, kNoticeBit, kP2pBit | kNoticeBit, notice_in_.data(), notice_in_.size());
+  }
 }
 
-void Comm::begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout) {
+void Comm::begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout, const std::string& signature) {
+  settle_headers();
   op_ = op;
   seq_ = seq;
   deadline_ = Clock::now() + timeout;
+  if (size() == 1) return;
+  const std::string text = std::string(op) + "(" + signature + ")";
+  header_out_.fill(0);
+  text.copy(header_out_.data(), header_out_.size() - 1);
+  signature_hash_ = 0;
+  headers_.push_back(recv(left(), kHeaderToRight, header_from_left_.data(), kHeaderBytes));
+  headers_.push_back(recv(right(), kHeaderToLeft, header_from_right_.data(), kHeaderBytes));
+  headers_.push_back(send(right(), kHeaderToRight, header_out_.data(), kHeaderBytes));
+  headers_.push_back(send(left(), kHeaderToLeft, header_out_.data(), kHeaderBytes));
+  signature_hash_ = uint16_t(fnv1a(text) | 1);  // never 0, the headers' value
+}
+
+void Comm::end() { settle_headers(); }
+
+void Comm::settle_headers() {
+  if (headers_.empty()) return;
+  std::vector<Pending> headers = std::move(headers_);
+  headers_.clear();
+  wait_all(headers);
+  for (const auto& [theirs, peer] : {std::pair{&header_from_left_, left()}, std::pair{&header_from_right_, right()}}) {
+    if (*theirs == header_out_) continue;
+    const std::string what = "ranks disagree on this collective: rank " + std::to_string(rank()) + " called " +
+                             header_out_.data() + ", rank " + std::to_string(peer) + " called " + theirs->data();
+    notify_peers(what);
+    fail(what, peer);
+  }
+}
+
+void Comm::notify_peers(const std::string& what) {
+  notice_out_.fill(0);
+  what.copy(notice_out_.data(), notice_out_.size() - 1);
+  const uint64_t tag = kNoticeBit | ((seq_ & 0x3FFFu) << 48) | (uint64_t(rank()) << 16);
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank()) notice_sends_.push_back(transport_->isend(peer, tag, notice_out_.data(), notice_out_.size()));
+  }
+  // Push the notices out now: once this collective has failed, nothing progresses this group's
+  // transport again. Bounded, since a peer may be gone.
+  const auto until = Clock::now() + std::chrono::seconds(1);
+  auto all_sent = [this] {
+    for (const auto& r : notice_sends_) {
+      if (!r->done()) return false;
+    }
+    return true;
+  };
+  while (!all_sent() && Clock::now() < until) {
+    if (!transport_->progress()) std::this_thread::yield();
+  }
 }
 
 uint64_t Comm::collective_tag(int source, uint32_t slot) const {
-  return ((seq_ & 0x7FFFFFFFu) << 32) | (uint64_t(source & 0xFFFF) << 16) | (slot & 0xFFFFu);
+  return ((seq_ & 0x3FFFu) << 48) | (uint64_t(signature_hash_) << 32) | (uint64_t(source & 0xFFFF) << 16) |
+         (slot & 0xFFFFu);
 }
 
 Pending Comm::send(int peer, uint32_t slot, const void* data, size_t bytes) {
@@ -84,10 +151,19 @@ std::string Comm::check(const Pending& p, const std::string& what) const {
 }
 
 void Comm::wait(std::vector<Pending>& pending) {
+  settle_headers();
+  wait_all(pending);
+}
+
+void Comm::wait_all(std::vector<Pending>& pending) {
   Backoff backoff;
   size_t next = 0;
   while (next < pending.size()) {
     if (aborted_) fail("aborted: " + abort_reason_, -1);
+    if (notice_recv_ && notice_recv_->done()) {
+      const int from = int((notice_recv_->sender_tag() & kSourceMask) >> 16);
+      fail("rank " + std::to_string(from) + " reported: " + std::string(notice_in_.data()), from);
+    }
     Pending& p = pending[next];
     if (p.request->done()) {
       const std::string problem = check(p, p.is_recv ? "receive" : "send");

@@ -2,6 +2,7 @@
 // for the collective in flight. Owned and used by one executor thread.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -38,7 +39,12 @@ class Comm {
   uint64_t bytes_sent() const { return transport_->bytes_sent(); }
 
   // Starts a collective: its name and sequence number go into tags and error messages.
-  void begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout);
+  // `signature` is what every rank must agree on (sizes, dtype, op...): it travels as a small
+  // header to both ring neighbours, and the first wait() (or end()) compares what arrived, so a
+  // disagreement is an error naming both sides rather than a wrong tensor or a hang.
+  void begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout, const std::string& signature);
+  // Settles the collective's headers (for a body that waited on nothing, or on nothing more).
+  void end();
 
   // Collective messages of the current operation; `slot` tells apart the messages one pair of
   // ranks exchanges within it (ring steps, phases).
@@ -76,9 +82,17 @@ class Comm {
     P2pDone done;
   };
 
+  static constexpr size_t kHeaderBytes = 256;
+  static constexpr size_t kNoticeBytes = 1024;
+  using Header = std::array<char, kHeaderBytes>;
+
   uint64_t collective_tag(int source, uint32_t slot) const;
   [[noreturn]] void fail(const std::string& what, int peer) const;
   std::string check(const Pending& p, const std::string& what) const;
+  void wait_all(std::vector<Pending>& pending);
+  void settle_headers();
+  // Tells every other rank about a disagreement this rank found; they fail with it at once.
+  void notify_peers(const std::string& what);
 
   std::unique_ptr<Transport> transport_;
   std::string group_name_;
@@ -86,6 +100,12 @@ class Comm {
   uint64_t seq_ = 0;
   Clock::time_point deadline_;
   std::list<Background> background_;
+  Header header_out_{}, header_from_left_{}, header_from_right_{};
+  std::vector<Pending> headers_;  // of the collective in flight, until settled
+  uint16_t signature_hash_ = 0;   // of the collective in flight, in its data messages' tags
+  std::array<char, kNoticeBytes> notice_in_{}, notice_out_{};
+  std::unique_ptr<Request> notice_recv_;
+  std::vector<std::unique_ptr<Request>> notice_sends_;
   std::unique_ptr<char[]> temp_;
   size_t temp_bytes_ = 0;
   std::mutex abort_mutex_;

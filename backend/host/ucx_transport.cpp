@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <mutex>
 
 namespace cnccl::host {
@@ -121,9 +122,21 @@ UcxTransport::UcxTransport(const c10::intrusive_ptr<c10d::Store>& store, int ran
     eparams.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     check_ucs(ucp_ep_create(worker_, &eparams, &endpoints_[peer]), "endpoint create");
   }
+  // No rank leaves before every rank has connected: a group created and destroyed at once would
+  // otherwise tear down a worker a slower peer is still connecting to.
+  store->set("cnccl/ucx/connected/" + std::to_string(rank), std::vector<uint8_t>{1});
+  std::vector<std::string> connected;
+  for (int peer = 0; peer < size; ++peer) connected.push_back("cnccl/ucx/connected/" + std::to_string(peer));
+  store->wait(connected);
 }
 
 UcxTransport::~UcxTransport() {
+  // Let operations a failed collective left behind (a rendezvous read in flight) finish first:
+  // UCX asserts if the worker goes while its transports still queue them. Bounded: a peer may be gone.
+  const auto drain_until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  for (int idle = 0; idle < 1000 && std::chrono::steady_clock::now() < drain_until;) {
+    idle = ucp_worker_progress(worker_) ? 0 : idle + 1;
+  }
   for (ucp_ep_h ep : endpoints_) {
     if (!ep) continue;
     // Forced close: never blocks on a peer that is gone.
@@ -132,7 +145,12 @@ UcxTransport::~UcxTransport() {
     param.flags = UCP_EP_CLOSE_FLAG_FORCE;
     ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &param);
     if (UCS_PTR_IS_PTR(req)) {
-      for (int i = 0; i < 1000 && ucp_request_check_status(req) == UCS_INPROGRESS; ++i) ucp_worker_progress(worker_);
+      // The close must finish before the worker goes: destroying a worker whose endpoints still
+      // hold queued sends (a failed collective's) trips UCX's own assertions.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (ucp_request_check_status(req) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until) {
+        ucp_worker_progress(worker_);
+      }
       ucp_request_free(req);
     }
   }

@@ -43,6 +43,7 @@ class Context:
             "fp64": dist.new_group(backend="cnccl", pg_options=cnccl.Options(compress_fp64=True, min_bytes=0)),
         }
         self.nccl = dist.new_group(backend="nccl")
+        self.gloo = dist.new_group(backend="gloo")  # keeps ranks in step between cases
         self.gen = torch.Generator().manual_seed(7)
 
     def data(self, n, dtype=torch.float32):

@@ -1,0 +1,24 @@
+"""Disagreeing ranks, timeouts, abort and shutdown on the host path (one job per world size)."""
+
+import functools
+
+import pytest
+
+import reliability_cases  # noqa: F401 - registers the cases
+from harness import CASES, run_job
+
+NAMES = sorted(n for n, (fn, _) in CASES.items() if fn.__module__ == "reliability_cases")
+
+
+@functools.lru_cache(maxsize=None)
+def job(world_size):
+    return run_job("reliability_cases", world_size, timeout=600)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("name", NAMES)
+def test_reliability(name, world_size):
+    if world_size < CASES[name][1]:
+        pytest.skip(f"needs at least {CASES[name][1]} ranks")
+    failure = job(world_size).get(name, "case did not run")
+    assert failure is None, failure
