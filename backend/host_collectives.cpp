@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "backend/checks.h"
-#include "backend/cuda/nccl_path.h"
+#include "backend/cuda/cuda_path.h"
 #include "backend/host/algorithms.h"
 #include "backend/host/comm.h"
 #include "backend/process_group.h"

@@ -6,7 +6,7 @@
 #include "backend/host/comm.h"
 #include "backend/host/executor.h"
 #include "backend/host/ucx_transport.h"
-#include "backend/cuda/nccl_path.h"
+#include "backend/cuda/cuda_path.h"
 
 namespace cnccl {
 
@@ -35,16 +35,16 @@ void ProcessGroupCNCCL::shutdown() {
   executor_.reset();
 }
 
-std::shared_ptr<cuda::NcclPath> ProcessGroupCNCCL::cuda_created() {
+std::shared_ptr<cuda::CudaPath> ProcessGroupCNCCL::cuda_created() {
   std::lock_guard<std::mutex> lock(cuda_mutex_);
   return cuda_;
 }
 
-cuda::NcclPath& ProcessGroupCNCCL::cuda_path(const char* op) {
+cuda::CudaPath& ProcessGroupCNCCL::cuda_path(const char* op) {
 #if CNCCL_WITH_CUDA
   std::lock_guard<std::mutex> lock(cuda_mutex_);
   if (!cuda_) {
-    cuda::NcclPathArgs args;
+    cuda::CudaPathArgs args;
     args.store = store_;
     args.rank = rank_;
     args.size = size_;
@@ -54,7 +54,7 @@ cuda::NcclPath& ProcessGroupCNCCL::cuda_path(const char* op) {
     args.group_uid = getGroupUid();
     args.group_desc = getGroupDesc();
     args.bound_device = getBoundDeviceId();
-    cuda_ = std::make_shared<cuda::NcclPath>(args);
+    cuda_ = cuda::make_nccl_path(args);
   }
   return *cuda_;
 #else
@@ -65,7 +65,7 @@ cuda::NcclPath& ProcessGroupCNCCL::cuda_path(const char* op) {
 
 int ProcessGroupCNCCL::cuda_nccl_version() {
 #if CNCCL_WITH_CUDA
-  return cuda::NcclPath::loaded_nccl_version();
+  return cuda::loaded_nccl_version();
 #else
   return 0;
 #endif

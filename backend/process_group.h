@@ -23,7 +23,7 @@ class Executor;
 }  // namespace host
 
 namespace cuda {
-class NcclPath;
+class CudaPath;
 }  // namespace cuda
 
 class ProcessGroupCNCCL : public c10d::Backend {
@@ -107,8 +107,8 @@ class ProcessGroupCNCCL : public c10d::Backend {
   // CUDA tensors go to the CUDA path, created on first use; a build without one says so.
   static bool on_cuda(const at::Tensor& t) { return t.defined() && t.is_cuda(); }
   static bool on_cuda(const std::vector<at::Tensor>& ts) { return !ts.empty() && on_cuda(ts[0]); }
-  cuda::NcclPath& cuda_path(const char* op);
-  std::shared_ptr<cuda::NcclPath> cuda_created();  // null until the first CUDA operation
+  cuda::CudaPath& cuda_path(const char* op);
+  std::shared_ptr<cuda::CudaPath> cuda_created();  // null until the first CUDA operation
 
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
   char* scratch(int which, size_t bytes);
@@ -128,7 +128,7 @@ class ProcessGroupCNCCL : public c10d::Backend {
   std::string broken_;  // executor thread only: the first failure, after which the group is unusable
   std::unique_ptr<host::Executor> executor_;
   std::mutex cuda_mutex_;
-  std::shared_ptr<cuda::NcclPath> cuda_;  // shared_ptr: a CPU-only build never needs its destructor
+  std::shared_ptr<cuda::CudaPath> cuda_;  // shared_ptr: a CPU-only build never needs its destructor
 };
 
 }  // namespace cnccl

@@ -48,7 +48,9 @@ Opts with_inner_op(const Opts& opts, const Plan& plan) {
 
 }  // namespace
 
-int NcclPath::loaded_nccl_version() {
+std::shared_ptr<CudaPath> make_nccl_path(const CudaPathArgs& args) { return std::make_shared<NcclPath>(args); }
+
+int loaded_nccl_version() {
   static const int version = [] {
     int v = 0;
     const ncclResult_t rc = ncclGetVersion(&v);
@@ -58,7 +60,7 @@ int NcclPath::loaded_nccl_version() {
   return version;
 }
 
-NcclPath::NcclPath(const NcclPathArgs& args)
+NcclPath::NcclPath(const CudaPathArgs& args)
     : rank_(args.rank), size_(args.size), config_(*args.config), stats_(*args.stats) {
   // torch's own message, raised before the constructor: ProcessGroupNCCL's constructor leaves
   // the heap corrupted when it throws this itself (seen with torch 2.15 on a machine without a GPU).
@@ -87,7 +89,7 @@ c10::Stream NcclPath::side_stream(c10::DeviceIndex device) {
 Plan NcclPath::plan(const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp& op) const {
   Plan p = plan_reduction(config_, t.scalar_type(), nbytes, op.op_, premul_factor(op), size_);
   if (p.compress && p.wire == codec::Wire::kBf16) {
-    const int version = loaded_nccl_version();
+    const int version = cuda::loaded_nccl_version();
     TORCH_CHECK_VALUE(version >= kNcclBf16Version, "cnccl: the bf16 wire needs NCCL >= 2.10, but this process "
                       "loaded NCCL ", version, "; use CNCCL_WIRE_DTYPE=fp16");
   }

@@ -1,59 +1,38 @@
-// CUDA tensors (design.md §3): every collective goes to a ProcessGroupNCCL that cnccl holds;
-// allreduce and reduce_scatter of eligible tensors travel as 16-bit copies and are restored in
-// place. Only this directory includes CUDA and NCCL headers.
+// The CUDA path over NCCL (design.md §3): every collective goes to a ProcessGroupNCCL that cnccl
+// holds; allreduce and reduce_scatter of eligible tensors travel as 16-bit copies and are restored
+// in place. Only this directory's .cpp files include CUDA and NCCL headers.
 #pragma once
-
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <c10/core/Stream.h>
 
-#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
 
-#include "backend/options.h"
+#include "backend/cuda/cuda_path.h"
 #include "backend/policy.h"
-#include "backend/stats.h"
 
 namespace cnccl::cuda {
 
-// What the outer group passes down when the CUDA path is first needed.
-struct NcclPathArgs {
-  c10::intrusive_ptr<c10d::Store> store;  // the group's store; the inner group uses a sub-prefix of it
-  int rank = 0;
-  int size = 1;
-  const cnccl::Options* options = nullptr;
-  const Config* config = nullptr;
-  Stats* stats = nullptr;
-  std::string group_uid;
-  std::string group_desc;
-  std::optional<at::Device> bound_device;
-};
-
-class NcclPath {
+class NcclPath final : public CudaPath {
  public:
-  explicit NcclPath(const NcclPathArgs& args);
-  ~NcclPath();
+  explicit NcclPath(const CudaPathArgs& args);
+  ~NcclPath() override;
 
-  // The inner ProcessGroupNCCL: every collective that is not compressed goes straight to it.
-  c10d::Backend& inner() { return *inner_; }
+  c10d::Backend& inner() override { return *inner_; }
 
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                     const c10d::AllreduceCoalescedOptions& opts);
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
-                                                const c10d::ReduceScatterOptions& opts);
+                                                const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
-                                                       const c10d::ReduceScatterOptions& opts);
+                                                       const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
-                                                                 const c10d::ReduceScatterOptions& opts);
-
-  // The NCCL version this process loaded (e.g. 23007 for 2.30.7).
-  static int loaded_nccl_version();
+                                                                 const c10d::ReduceScatterOptions& opts) override;
 
  private:
   // One tensor of a compressed collective: `wire` (16-bit) is reduced by NCCL, then restored

@@ -1,0 +1,45 @@
+"""A peer killed with SIGKILL in the middle of a stream of collectives: every survivor gets a
+DistBackendError within the group's timeout, and destroy_process_group() returns afterwards."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from harness import free_port
+
+TIMEOUT = 5.0  # the group's timeout, seconds
+
+
+@pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 2), (3, 0)])
+def test_sigkilled_peer(world_size, victim):
+    out = tempfile.mkdtemp(prefix="cnccl-faults-")
+    port = free_port()
+    here = os.path.dirname(os.path.abspath(__file__))
+    procs = []
+    for rank in range(world_size):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), CNCCL_TEST_OUT=out, OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, os.path.join(here, "fault_worker.py"), str(victim), "20",
+                                       str(TIMEOUT)], env=env, cwd=here))
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes[victim] == -9, f"the victim should have died of SIGKILL, exit codes {codes}"
+    for rank in range(world_size):
+        if rank == victim:
+            continue
+        assert codes[rank] == 0, f"survivor {rank} exited with {codes[rank]} (crash or hang), codes {codes}"
+        with open(os.path.join(out, f"rank{rank}.json")) as f:
+            result = json.load(f)
+        assert result["error"], f"rank {rank} saw no error: {result}"
+        assert "cnccl" in result["error"] and "seq" in result["error"], result
+        # Rank 0 also hosts the store: when it is the victim, survivors may fail in the store first.
+        assert result["seconds_to_error"] < TIMEOUT + 5, result
+        assert result["destroy_seconds"] < 15, result
