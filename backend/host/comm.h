@@ -93,6 +93,8 @@ class Comm {
   void settle_headers();
   // Tells every other rank about a disagreement this rank found; they fail with it at once.
   void notify_peers(const std::string& what);
+  // Fails with a notice another rank sent, if one has arrived.
+  void check_notices() const;
 
   std::unique_ptr<Transport> transport_;
   std::string group_name_;
@@ -103,8 +105,9 @@ class Comm {
   Header header_out_{}, header_from_left_{}, header_from_right_{};
   std::vector<Pending> headers_;  // of the collective in flight, until settled
   uint16_t signature_hash_ = 0;   // of the collective in flight, in its data messages' tags
-  std::array<char, kNoticeBytes> notice_in_{}, notice_out_{};
-  std::unique_ptr<Request> notice_recv_;
+  std::array<char, kNoticeBytes> notice_out_{};
+  std::vector<std::array<char, kNoticeBytes>> notices_in_;  // by source rank
+  std::vector<std::unique_ptr<Request>> notice_recvs_;
   std::vector<std::unique_ptr<Request>> notice_sends_;
   std::unique_ptr<char[]> temp_;
   size_t temp_bytes_ = 0;
