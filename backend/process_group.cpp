@@ -30,7 +30,8 @@ void ProcessGroupCNCCL::abort() {
 void ProcessGroupCNCCL::shutdown() {
   if (auto path = cuda_created()) path->inner().shutdown();
   if (!executor_) return;
-  // Queued operations still run (and complete) unless abort() came first; then the thread exits.
+  // As with NCCL: operations still outstanding end with an error instead of waiting on peers.
+  comm_->abort("shutdown() was called on the process group");
   executor_->stop();
   executor_.reset();
 }

@@ -33,6 +33,13 @@ def register():
     with _lock:
         if _registered:
             return
-        if "CNCCL" not in Backend._plugins:
+        existing = Backend._plugins.get("CNCCL")
+        if existing is not None and getattr(existing.creator_fn, "__module__", None) != __name__:
+            fn = existing.creator_fn
+            raise RuntimeError(
+                f"cnccl: the backend name 'cnccl' is already registered by "
+                f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}; refusing to replace it"
+            )
+        if existing is None:
             Backend.register_backend("cnccl", _create, extended_api=True, devices=["cpu", "cuda"])
         _registered = True

@@ -20,6 +20,7 @@ INTS = [torch.int32, torch.int64, torch.uint8, torch.int8]
 DTYPES = FLOATS + INTS + [torch.bool, torch.complex64]
 SIZES = [0, 1, 7, 1000, 70_001]
 UNIT = {"fp16": 2.0**-11, "bf16": 2.0**-8}  # unit roundoff of the wire format
+TIMEOUT = datetime.timedelta(seconds=120)  # a case failing on some ranks only must not hang the job
 
 
 class Context:
@@ -29,12 +30,12 @@ class Context:
         self.cnccl = dist.group.WORLD
         # One cnccl group per option set, all ranks in each, created once for the whole job.
         self.groups = {
-            "fp16": dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="fp16")),
-            "bf16": dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="bf16")),
-            "none": dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="none")),
-            "fp16-all": dist.new_group(backend="cnccl", pg_options=cnccl.Options(min_bytes=0)),
-            "world-sum": dist.new_group(backend="cnccl", pg_options=cnccl.Options(sum_scaling="world", min_bytes=0)),
-            "fp64": dist.new_group(backend="cnccl", pg_options=cnccl.Options(compress_fp64=True, min_bytes=0)),
+            "fp16": dist.new_group(backend="cnccl", timeout=TIMEOUT, pg_options=cnccl.Options(wire_dtype="fp16")),
+            "bf16": dist.new_group(backend="cnccl", timeout=TIMEOUT, pg_options=cnccl.Options(wire_dtype="bf16")),
+            "none": dist.new_group(backend="cnccl", timeout=TIMEOUT, pg_options=cnccl.Options(wire_dtype="none")),
+            "fp16-all": dist.new_group(backend="cnccl", timeout=TIMEOUT, pg_options=cnccl.Options(min_bytes=0)),
+            "world-sum": dist.new_group(backend="cnccl", timeout=TIMEOUT, pg_options=cnccl.Options(sum_scaling="world", min_bytes=0)),
+            "fp64": dist.new_group(backend="cnccl", timeout=TIMEOUT, pg_options=cnccl.Options(compress_fp64=True, min_bytes=0)),
         }
         self.gen = torch.Generator().manual_seed(1000 + rank)
 
@@ -250,7 +251,8 @@ def stats_prove_16bit_wire(ctx):
     sent = after["transport_bytes_sent"] - before["transport_bytes_sent"]
     fp32_ring = 2 * (ctx.world - 1) / ctx.world * 4 * n
     headers = 2 * 256  # the signature headers each collective sends its two ring neighbours
-    assert sent <= 0.5 * fp32_ring + headers, f"sent {sent} bytes, an fp32 ring would send {fp32_ring}"
+    uneven = 64  # parts differ by an element when the world size does not divide the count
+    assert sent <= 0.5 * fp32_ring + headers + uneven, f"sent {sent} bytes, an fp32 ring would send {fp32_ring}"
     none = ctx.groups["none"]
     b = cnccl.stats(none)["transport_bytes_sent"]
     dist.all_reduce(torch.ones(n), group=none)
@@ -461,6 +463,8 @@ def bad_input_raises_clear_errors(ctx):
     # dist.all_reduce never hands meta tensors to a backend; the backend itself must still refuse them.
     raises(lambda: cnccl.backend().allreduce([torch.ones(4, device="meta")]), "meta")
     raises(lambda: cnccl.backend().allreduce([torch.ones(4), torch.ones(4)]), "exactly one tensor")
+    raises(lambda: cnccl.backend().allgather([[torch.empty(4)] * (ctx.world - 1) + [torch.empty(4, device="meta")]],
+                                             [torch.ones(4)]), "meta")  # one list, two devices
     raises(lambda: dist.all_reduce(torch.ones(4), op=R.BAND), "BAND", "integer")
     raises(lambda: dist.all_reduce(torch.ones(4, dtype=torch.complex64), op=R.MAX), "complex")
     raises(lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool), op=R.AVG), "AVG")

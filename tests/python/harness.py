@@ -5,6 +5,7 @@ A worker module defines cases with @case; `run_job(module, world_size)` launches
 rank, and returns {case name: failure text or None}. A case fails if it fails on any rank.
 """
 
+import datetime
 import json
 import os
 import socket
@@ -68,13 +69,17 @@ def _worker(module):
     import cnccl  # noqa: F401
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("cnccl", rank=rank, world_size=world)
+    # A case that fails on some ranks only leaves the others waiting in its next collective: a
+    # short group timeout turns that into errors instead of a hung suite.
+    dist.init_process_group("cnccl", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     mod = importlib.import_module(module)
     ctx = mod.Context(rank, world) if hasattr(mod, "Context") else None
     results = {}
     for name, (fn, min_world) in CASES.items():
         if world < min_world:
             continue
+        if os.environ.get("CNCCL_TEST_TRACE"):
+            print(f"[rank {rank}] case {name}", file=sys.stderr, flush=True)
         try:
             fn(ctx)
             results[name] = None

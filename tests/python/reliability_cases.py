@@ -114,6 +114,21 @@ def abort_ends_outstanding_work(ctx):
         time.sleep(0.5)
 
 
+@case(min_world=2)
+def shutdown_ends_outstanding_work(ctx):
+    g = ctx.group(timeout=60)
+    if ctx.rank == 0:
+        works = [dist.all_reduce(torch.ones(100), group=g, async_op=True) for _ in range(3)]
+        time.sleep(0.2)
+        start = time.monotonic()
+        g._get_backend(torch.device("cpu")).shutdown()
+        for w in works:
+            expect_failure(w.wait, "shutdown")
+        assert time.monotonic() - start < 5, "shutdown() did not end the outstanding works promptly"
+    else:
+        time.sleep(0.5)
+
+
 @case
 def shutdown_then_use_is_a_clear_error(ctx):
     g = ctx.group()

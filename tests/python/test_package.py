@@ -38,6 +38,17 @@ def test_autoload_can_be_turned_off():
     assert rc == 0 and out.strip().endswith("False"), out
 
 
+def test_a_second_registration_of_the_name_is_refused():
+    rc, out = python("import torch.distributed as d\n"
+                     "d.Backend.register_backend('cnccl', lambda *a: None)\n"
+                     "try:\n    import cnccl\nexcept RuntimeError as e:\n    print('refused:', e)",
+                     env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert rc == 0 and "refused: cnccl: the backend name 'cnccl' is already registered by __main__" in out, out
+    # Registering again from cnccl itself is harmless.
+    rc, out = python("import cnccl; cnccl.register(); cnccl.register(); print('ok')")
+    assert rc == 0 and out.strip().endswith("ok"), out
+
+
 def nccl_code(version):
     major, minor, patch = version
     return major * 10000 + minor * 100 + patch
