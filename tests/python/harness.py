@@ -61,6 +61,16 @@ def run_job(module, world_size, timeout=900, env=None):
     return results
 
 
+def check_case(results, name, world_size):
+    """The pytest side of one case: skipped below its world size, else it must have passed."""
+    import pytest
+
+    if world_size < CASES[name][1]:
+        pytest.skip(f"needs at least {CASES[name][1]} ranks")
+    failure = results.get(name, "case did not run")
+    assert failure is None, failure
+
+
 def _worker(module):
     import importlib
 

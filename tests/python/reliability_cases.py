@@ -99,34 +99,29 @@ def rank_that_never_arrives_times_out_naming_the_collective(ctx):
     dist.destroy_process_group(g)
 
 
-@case(min_world=2)
-def abort_ends_outstanding_work(ctx):
+def ends_outstanding_work(ctx, stop, word):
+    """Rank 0 issues works its peers never join; stop(group) must end each with an error."""
     g = ctx.group(timeout=60)
     if ctx.rank == 0:
         works = [dist.all_reduce(torch.ones(100), group=g, async_op=True) for _ in range(3)]
         time.sleep(0.2)
         start = time.monotonic()
-        g.abort()
+        stop(g)
         for w in works:
-            expect_failure(w.wait, "abort")
-        assert time.monotonic() - start < 5, "abort() did not end the outstanding works promptly"
+            expect_failure(w.wait, word)
+        assert time.monotonic() - start < 5, f"{word} did not end the outstanding works promptly"
     else:
         time.sleep(0.5)
+
+
+@case(min_world=2)
+def abort_ends_outstanding_work(ctx):
+    ends_outstanding_work(ctx, lambda g: g.abort(), "abort")
 
 
 @case(min_world=2)
 def shutdown_ends_outstanding_work(ctx):
-    g = ctx.group(timeout=60)
-    if ctx.rank == 0:
-        works = [dist.all_reduce(torch.ones(100), group=g, async_op=True) for _ in range(3)]
-        time.sleep(0.2)
-        start = time.monotonic()
-        g._get_backend(torch.device("cpu")).shutdown()
-        for w in works:
-            expect_failure(w.wait, "shutdown")
-        assert time.monotonic() - start < 5, "shutdown() did not end the outstanding works promptly"
-    else:
-        time.sleep(0.5)
+    ends_outstanding_work(ctx, lambda g: g._get_backend(torch.device("cpu")).shutdown(), "shutdown")
 
 
 @case

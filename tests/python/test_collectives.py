@@ -5,7 +5,7 @@ import functools
 import pytest
 
 import collectives_cases  # noqa: F401 - registers the cases
-from harness import CASES, run_job
+from harness import CASES, check_case, run_job
 
 WORLD_SIZES = [1, 2, 3, 4]
 NAMES = sorted(n for n, (fn, _) in CASES.items() if fn.__module__ == "collectives_cases")
@@ -19,7 +19,4 @@ def job(world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", NAMES)
 def test_collective(name, world_size):
-    if world_size < CASES[name][1]:
-        pytest.skip(f"needs at least {CASES[name][1]} ranks")
-    failure = job(world_size).get(name, "case did not run")
-    assert failure is None, failure
+    check_case(job(world_size), name, world_size)

@@ -5,7 +5,7 @@ import functools
 import pytest
 
 import reliability_cases  # noqa: F401 - registers the cases
-from harness import CASES, run_job
+from harness import CASES, check_case, run_job
 
 NAMES = sorted(n for n, (fn, _) in CASES.items() if fn.__module__ == "reliability_cases")
 
@@ -18,7 +18,4 @@ def job(world_size):
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("name", NAMES)
 def test_reliability(name, world_size):
-    if world_size < CASES[name][1]:
-        pytest.skip(f"needs at least {CASES[name][1]} ranks")
-    failure = job(world_size).get(name, "case did not run")
-    assert failure is None, failure
+    check_case(job(world_size), name, world_size)
