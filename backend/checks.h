@@ -42,6 +42,18 @@ inline void list_like(const std::vector<at::Tensor>& ts, size_t n, const at::Ten
   }
 }
 
+// gather's outputs / scatter's inputs: one list of `n` tensors like `like` on the root, none elsewhere.
+inline std::vector<at::Tensor> root_list(const std::vector<std::vector<at::Tensor>>& lists, bool is_root, size_t n,
+                                         const at::Tensor& like, const char* op, const char* what) {
+  if (!is_root) {
+    TORCH_CHECK_VALUE(lists.empty() || lists[0].empty(), "cnccl ", op, ": only the root rank takes ", what, "s");
+    return {};
+  }
+  TORCH_CHECK_VALUE(lists.size() == 1, "cnccl ", op, ": the root expects one ", what, " list, got ", lists.size());
+  list_like(lists[0], n, like, op, what);
+  return lists[0];
+}
+
 inline void root(int64_t root, int size, const char* op) {
   TORCH_CHECK_VALUE(root >= 0 && root < size, "cnccl ", op, ": root rank ", root, " is outside the group of ",
                     size);

@@ -158,15 +158,15 @@ void ProcessGroupCNCCL::run_allreduce(const at::Tensor& tensor, const Plan& plan
     codec::cast(x + parts.offset[first], wire + parts.offset[first], parts.length[first], float(plan.pre_scale),
                 plan.wire);
     reduce = cast_add_reducer(wire, [x](size_t i) { return x + i; }, plan);
+  } else if (plan.compress) {
+    reduce = wire_reducer(plan.wire, plan.inner_op);
+    cast_into(src, wire, plan);
   } else {
-    reduce = plan.compress ? wire_reducer(plan.wire, plan.inner_op) : aten_reducer(t.scalar_type(), plan.inner_op);
-    if (plan.compress) cast_into(src, wire, plan);
-  }
-  reduce = timed(std::move(reduce), stats_.reduce_ns);
-  if (!plan.compress) {
+    reduce = aten_reducer(t.scalar_type(), plan.inner_op);
     pack(src, ws);
     pre_scale(ws, n, t.scalar_type(), plan);
   }
+  reduce = timed(std::move(reduce), stats_.reduce_ns);
   timer.lap(stats_.cast_ns);
   if (ring) {
     host::allreduce_ring(*comm_, ws, n, elem, reduce);
@@ -252,7 +252,8 @@ void ProcessGroupCNCCL::run_reduce_scatter(const std::vector<at::Tensor>& inputs
     reduce = plan.compress ? wire_reducer(plan.wire, plan.inner_op) : aten_reducer(out.scalar_type(), plan.inner_op);
   }
   timer.lap(stats_.cast_ns);
-  host::reduce_scatter_ring(*comm_, ws, host::Parts::equal(each, size_), elem, timed(std::move(reduce), stats_.reduce_ns));
+  host::reduce_scatter_ring(*comm_, ws, host::Parts::equal(each, size_), elem,
+                            timed(std::move(reduce), stats_.reduce_ns));
   timer.lap(stats_.transfer_ns);
   stats_.transfer_ns -= stats_.reduce_ns.load() - reduce_before;
   char* mine = ws + each * elem * rank_;
@@ -296,7 +297,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::_reduce_scatter_base(at::Tenso
   stats_.record(input.nbytes(), plan.compress ? input.numel() * 2 : input.nbytes(), plan.compress);
   std::vector<at::Tensor> parts = input.contiguous().reshape({-1}).chunk(size_);
   return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", describe(input, plan, opts.reduceOp.op_),
-                 {output}, timeout_of(opts.timeout), kUntouched, [this, parts, output, plan](HostWork&) { run_reduce_scatter(parts, output, plan); });
+                 {output}, timeout_of(opts.timeout), kUntouched,
+                 [this, parts, output, plan](HostWork&) { run_reduce_scatter(parts, output, plan); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter_tensor_coalesced(
@@ -380,7 +382,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_coalesced(std::vecto
                  kUntouched,
                  [this, inputs, outs, timeout](HostWork& work) mutable {
                    for (size_t i = 0; i < inputs.size(); ++i) {
-                     if (i) comm_->begin("allgather_coalesced", work.getSequencenumber() + i, timeout, describe(inputs[i]));
+                     if (i) {
+                       comm_->begin("allgather_coalesced", work.getSequencenumber() + i, timeout, describe(inputs[i]));
+                     }
                      char* ws = scratch(0, inputs[i].nbytes() * size_);
                      run_allgather(inputs[i], ws);
                      for (int r = 0; r < size_; ++r) unpack(ws + inputs[i].nbytes() * r, outs[i][r]);
@@ -453,8 +457,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::broadcast(std::vector<at::Tens
   checks::root(opts.rootRank, size_, "broadcast");
   stats_.record(t.nbytes(), t.nbytes(), false);
   const int root = int(opts.rootRank);
-  return enqueue(c10d::OpType::BROADCAST, "broadcast", with_root(describe(t), root), tensors, timeout_of(opts.timeout), kUntouched,
-                 [this, t, root](HostWork&) mutable {
+  return enqueue(c10d::OpType::BROADCAST, "broadcast", with_root(describe(t), root), tensors, timeout_of(opts.timeout),
+                 kUntouched, [this, t, root](HostWork&) mutable {
                    char* ws = scratch(0, t.nbytes());
                    if (rank_ == root) pack(t, ws);
                    host::broadcast_direct(*comm_, ws, t.nbytes(), root);
@@ -474,8 +478,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce(std::vector<at::Tensor>
       plan_reduction(exact, t.scalar_type(), t.nbytes(), opts.reduceOp.op_, premul_factor(opts.reduceOp), size_);
   stats_.record(t.nbytes(), t.nbytes(), false);
   const int root = int(opts.rootRank);
-  return enqueue(c10d::OpType::REDUCE, "reduce", with_root(describe(t, plan, opts.reduceOp.op_), root), tensors, timeout_of(opts.timeout), kUntouched,
-                 [this, t, root, plan](HostWork&) mutable {
+  return enqueue(c10d::OpType::REDUCE, "reduce", with_root(describe(t, plan, opts.reduceOp.op_), root), tensors,
+                 timeout_of(opts.timeout), kUntouched, [this, t, root, plan](HostWork&) mutable {
                    const int64_t n = t.numel();
                    char* ws = scratch(0, t.nbytes());
                    pack(t, ws);
@@ -496,17 +500,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::gather(std::vector<std::vector
   const at::Tensor& in = checks::single(inputs, "gather");
   checks::root(opts.rootRank, size_, "gather");
   const int root = int(opts.rootRank);
-  std::vector<at::Tensor> outs;
-  if (rank_ == root) {
-    TORCH_CHECK_VALUE(outputs.size() == 1, "cnccl gather: the root expects one output list, got ", outputs.size());
-    checks::list_like(outputs[0], size_, in, "gather", "output");
-    outs = outputs[0];
-  } else {
-    TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(), "cnccl gather: only the root rank takes outputs");
-  }
+  const std::vector<at::Tensor> outs = checks::root_list(outputs, rank_ == root, size_, in, "gather", "output");
   stats_.record(in.nbytes(), in.nbytes(), false);
-  return enqueue(c10d::OpType::GATHER, "gather", with_root(describe(in), root), outs, timeout_of(opts.timeout), kUntouched,
-                 [this, in, outs, root](HostWork&) mutable {
+  return enqueue(c10d::OpType::GATHER, "gather", with_root(describe(in), root), outs, timeout_of(opts.timeout),
+                 kUntouched, [this, in, outs, root](HostWork&) mutable {
                    const size_t bytes = in.nbytes();
                    char* ws = scratch(0, bytes * (rank_ == root ? size_ : 1));
                    char* src = scratch(1, bytes);
@@ -523,17 +520,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::scatter(std::vector<at::Tensor
   const at::Tensor& out = checks::single(outputs, "scatter");
   checks::root(opts.rootRank, size_, "scatter");
   const int root = int(opts.rootRank);
-  std::vector<at::Tensor> ins;
-  if (rank_ == root) {
-    TORCH_CHECK_VALUE(inputs.size() == 1, "cnccl scatter: the root expects one input list, got ", inputs.size());
-    checks::list_like(inputs[0], size_, out, "scatter", "input");
-    ins = inputs[0];
-  } else {
-    TORCH_CHECK_VALUE(inputs.empty() || inputs[0].empty(), "cnccl scatter: only the root rank takes inputs");
-  }
+  const std::vector<at::Tensor> ins = checks::root_list(inputs, rank_ == root, size_, out, "scatter", "input");
   stats_.record(out.nbytes(), out.nbytes(), false);
-  return enqueue(c10d::OpType::SCATTER, "scatter", with_root(describe(out), root), outputs, timeout_of(opts.timeout), kUntouched,
-                 [this, ins, out, root](HostWork&) mutable {
+  return enqueue(c10d::OpType::SCATTER, "scatter", with_root(describe(out), root), outputs, timeout_of(opts.timeout),
+                 kUntouched, [this, ins, out, root](HostWork&) mutable {
                    const size_t bytes = out.nbytes();
                    char* src = scratch(1, bytes * ins.size());
                    for (size_t i = 0; i < ins.size(); ++i) pack(ins[i], src + bytes * i);
@@ -574,7 +564,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall_base(at::Tensor& outp
                                                                 std::vector<int64_t>& input_split_sizes,
                                                                 const c10d::AllToAllOptions& opts) {
   if (on_cuda(output)) {
-    return cuda_path("all_to_all_single").inner().alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+    return cuda_path("all_to_all_single")
+        .inner()
+        .alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
   }
   checks::host_tensor(output, "all_to_all_single");
   checks::host_tensor(input, "all_to_all_single");
@@ -591,7 +583,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall_base(at::Tensor& outp
                     send_len[rank_], " bytes but expects ", recv_len[rank_]);
   stats_.record(input.nbytes(), input.nbytes(), false);
   // Split sizes may differ between ranks; the dtype and row size may not.
-  const std::string sig = std::string(c10::toString(input.scalar_type())) + " rows of " + std::to_string(in_row) + " bytes";
+  const std::string sig =
+      std::string(c10::toString(input.scalar_type())) + " rows of " + std::to_string(in_row) + " bytes";
   return enqueue(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", sig, {output}, timeout_of(opts.timeout), kUntouched,
                  [this, output, input, send_off, send_len, recv_off, recv_len](HostWork&) mutable {
                    char* src = scratch(1, input.nbytes());
@@ -625,15 +618,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall(std::vector<at::Tenso
   TORCH_CHECK_VALUE(send_len[rank_] == recv_len[rank_], "cnccl all_to_all: this rank's own input and output ",
                     "differ in size");
   stats_.record(in_total, in_total, false);
-  return enqueue(c10d::OpType::ALLTOALL, "all_to_all", c10::toString(inputs[0].scalar_type()), outputs, timeout_of(opts.timeout), kUntouched,
-                 [this, outputs, inputs, send_off, send_len, recv_off, recv_len, in_total, out_total](
-                     HostWork&) mutable {
-                   char* src = scratch(1, in_total);
-                   for (int i = 0; i < size_; ++i) pack(inputs[i], src + send_off[i]);
-                   char* ws = scratch(0, out_total);
-                   host::alltoall_direct(*comm_, src, send_off, send_len, ws, recv_off, recv_len);
-                   for (int i = 0; i < size_; ++i) unpack(ws + recv_off[i], outputs[i]);
-                 });
+  return enqueue(
+      c10d::OpType::ALLTOALL, "all_to_all", c10::toString(inputs[0].scalar_type()), outputs, timeout_of(opts.timeout),
+      kUntouched,
+      [this, outputs, inputs, send_off, send_len, recv_off, recv_len, in_total, out_total](HostWork&) mutable {
+        char* src = scratch(1, in_total);
+        for (int i = 0; i < size_; ++i) pack(inputs[i], src + send_off[i]);
+        char* ws = scratch(0, out_total);
+        host::alltoall_direct(*comm_, src, send_off, send_len, ws, recv_off, recv_len);
+        for (int i = 0; i < size_; ++i) unpack(ws + recv_off[i], outputs[i]);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::barrier(const c10d::BarrierOptions& opts) {

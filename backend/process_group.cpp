@@ -135,7 +135,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue_p2p(c10d::OpType type,
   TORCH_CHECK_VALUE(peer != rank_, "cnccl ", name, ": a rank cannot ", name, " to itself");
   TORCH_CHECK(executor_, "cnccl ", name, ": the process group has been shut down");
   // The message travels from/into a contiguous buffer; a strided receive is copied back at the end.
-  at::Tensor buffer = tensor.is_contiguous() ? tensor : (is_send ? tensor.contiguous() : at::empty_like(tensor, at::MemoryFormat::Contiguous));
+  at::Tensor buffer = tensor.is_contiguous()
+                          ? tensor
+                          : (is_send ? tensor.contiguous() : at::empty_like(tensor, at::MemoryFormat::Contiguous));
   auto work = c10::make_intrusive<HostWork>(rank_, type, 0, std::vector<at::Tensor>{tensor});
   const auto timeout = options_->timeout;
   executor_->submit([this, work, buffer, tensor, peer, tag, is_send, timeout]() mutable {
