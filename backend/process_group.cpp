@@ -116,11 +116,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue(c10d::OpType type, con
       comm_->begin(name, seq, timeout, signature);
       body(*work);
       comm_->end();
-      work->complete();
+      executor_->defer([work] { work->complete(); });
     } catch (const std::exception& e) {
       if (broken_.empty()) broken_ = e.what();
       const std::string msg = std::string(e.what()) + " (" + on_failure + ")";
-      work->fail(std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, uint32_t(__LINE__)}, msg)));
+      auto error = std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, uint32_t(__LINE__)}, msg));
+      executor_->defer([work, error] { work->fail(error); });
     }
   });
   return work;
@@ -141,11 +142,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue_p2p(c10d::OpType type,
   auto work = c10::make_intrusive<HostWork>(rank_, type, 0, std::vector<at::Tensor>{tensor});
   const auto timeout = options_->timeout;
   executor_->submit([this, work, buffer, tensor, peer, tag, is_send, timeout]() mutable {
-    auto done = [work, buffer, tensor](std::exception_ptr error, int source) mutable {
-      if (error) return work->fail(error);
+    auto done = [this, work, buffer, tensor](std::exception_ptr error, int source) mutable {
+      if (error) return executor_->defer([work, error] { work->fail(error); });
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
       work->set_source_rank(source);
-      work->complete();
+      executor_->defer([work] { work->complete(); });
     };
     try {
       if (is_send) {
@@ -154,7 +155,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue_p2p(c10d::OpType type,
         comm_->post_recv(peer, tag, buffer.data_ptr(), buffer.nbytes(), timeout, done);
       }
     } catch (const std::exception&) {
-      work->fail(std::current_exception());
+      executor_->defer([work, error = std::current_exception()] { work->fail(error); });
     }
   });
   return work;

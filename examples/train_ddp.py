@@ -1,6 +1,6 @@
 """DDP training on CPU with backend="cnccl": gradients travel as fp16 with no hook and no code change.
 
-Launch: torchrun --nproc_per_node=2 examples/train_ddp.py [--steps N] [--wire fp16|bf16|none]
+Launch: torchrun --nproc_per_node=2 examples/train_ddp.py [--steps N] [--wire fp16|bf16|none] [--save FILE]
 
 A small transformer language model learns a synthetic next-token task (a fixed permutation
 with noise); loss falls from ~ln(vocab) as it learns. Prints per-step loss and step time, and at
@@ -46,6 +46,7 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--wire", default=None, help="fp16 | bf16 | none (default: CNCCL_WIRE_DTYPE or fp16)")
+    parser.add_argument("--save", default=None, help="rank 0 saves the trained parameters (state_dict) here")
     args = parser.parse_args()
 
     options = cnccl.Options(wire_dtype=args.wire) if args.wire else None
@@ -78,6 +79,8 @@ def main():
         if rank == 0:
             print(f"step {step:3d}  loss {last:.4f}  step time {elapsed * 1e3:7.1f} ms", flush=True)
 
+    if args.save and rank == 0:
+        torch.save(model.module.state_dict(), args.save)
     s = cnccl.stats()
     if rank == 0:
         saved = s["bytes_uncompressed"] - s["bytes_sent"]

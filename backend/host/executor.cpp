@@ -1,8 +1,17 @@
 #include "backend/host/executor.h"
 
 namespace cnccl::host {
+namespace {
 
-Executor::Executor(Comm& comm) : comm_(comm), thread_([this] { loop(); }) {}
+// Bounds the threads a chain of blocking callbacks can pull in (each one nests a collective).
+constexpr size_t kMaxThreads = 16;
+
+}  // namespace
+
+Executor::Executor(Comm& comm) : comm_(comm) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  threads_.emplace_back([this] { loop(); });
+}
 
 Executor::~Executor() { stop(); }
 
@@ -11,45 +20,78 @@ void Executor::submit(std::function<void()> job) {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(job));
   }
-  cv_.notify_one();
+  job_cv_.notify_one();
+  lead_cv_.notify_one();
 }
 
+void Executor::defer(std::function<void()> completion) { completions_.push_back(std::move(completion)); }
+
 void Executor::stop() {
+  std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
   }
-  cv_.notify_one();
-  if (thread_.joinable()) thread_.join();
+  job_cv_.notify_all();
+  lead_cv_.notify_all();
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (threads_.empty()) return;
+      threads.swap(threads_);
+    }
+    // A leader may have started one more thread while these were being joined.
+    for (auto& t : threads) t.join();
+    threads.clear();
+  }
 }
 
 void Executor::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    std::function<void()> job;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      if (comm_.has_background()) {
-        // Point-to-point messages in flight: poll at a short interval instead of sleeping.
-        cv_.wait_for(lock, std::chrono::microseconds(50), [&] { return !queue_.empty() || stopping_; });
-      } else {
-        cv_.wait(lock, [&] { return !queue_.empty() || stopping_; });
-      }
-      if (!queue_.empty()) {
-        job = std::move(queue_.front());
-        queue_.pop_front();
-      } else if (stopping_ && !comm_.has_background()) {
-        return;
-      }
+    ++idle_;
+    lead_cv_.wait(lock, [&] { return !leading_ && (!queue_.empty() || background_ || stopping_); });
+    --idle_;
+    if (queue_.empty() && !background_ && stopping_) {
+      lead_cv_.notify_all();
+      return;
     }
-    if (job) {
-      job();
-    } else {
-      if (stopping_) comm_.abort("the process group was shut down");
-      while (comm_.poll()) {
-      }
+    leading_ = true;
+    lead(lock);
+    std::vector<std::function<void()>> done;
+    done.swap(completions_);
+    background_ = comm_.has_background();
+    leading_ = false;
+    if (!done.empty() && idle_ == 0 && !stopping_ && threads_.size() < kMaxThreads) {
+      threads_.emplace_back([this] { loop(); });
+    }
+    if (!queue_.empty() || background_) lead_cv_.notify_one();
+    lock.unlock();
+    for (auto& completion : done) completion();
+    lock.lock();
+  }
+}
+
+void Executor::lead(std::unique_lock<std::mutex>& lock) {
+  if (queue_.empty() && background_ && !stopping_) {
+    // Point-to-point messages in flight: poll at a short interval instead of sleeping.
+    job_cv_.wait_for(lock, std::chrono::microseconds(50), [&] { return !queue_.empty() || stopping_; });
+  }
+  std::function<void()> job;
+  if (!queue_.empty()) {
+    job = std::move(queue_.front());
+    queue_.pop_front();
+  }
+  const bool stopping = stopping_;
+  lock.unlock();
+  if (job) {
+    job();
+  } else {
+    if (stopping) comm_.abort("the process group was shut down");
+    while (comm_.poll()) {
     }
   }
+  lock.lock();
 }
 
 }  // namespace cnccl::host

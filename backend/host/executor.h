@@ -1,6 +1,11 @@
-// The host path's single communication thread: runs queued collectives in submission order
-// (the order every rank issues them) and keeps background point-to-point messages moving.
-// Sleeps on a condition variable when there is nothing to do.
+// The host path's communication threads: run queued collectives in submission order (the order
+// every rank issues them) and keep background point-to-point messages moving.
+//
+// One thread at a time leads: it owns the comm and runs the next job. Completions (a Work's
+// future, whose callbacks run user code) are deferred until the leader has handed the lead on,
+// because a callback may issue another collective on this group and wait for it, as PowerSGD's
+// hook does; a second thread is kept idle for that. Threads sleep on condition variables when
+// there is nothing to do.
 #pragma once
 
 #include <condition_variable>
@@ -8,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "backend/host/comm.h"
 
@@ -21,18 +27,28 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   void submit(std::function<void()> job);
-  // Finishes the queued jobs (they fail fast once the comm is aborted), then joins the thread.
+  // Called by a job (or a point-to-point completion) on the leading thread: `completion` runs
+  // after that thread has handed the lead on.
+  void defer(std::function<void()> completion);
+  // Finishes the queued jobs (they fail fast once the comm is aborted), then joins the threads.
   void stop();
 
  private:
   void loop();
+  // Runs one job, or polls background messages when there is none. Called while leading.
+  void lead(std::unique_lock<std::mutex>& lock);
 
   Comm& comm_;
   std::mutex mutex_;
-  std::condition_variable cv_;
+  std::condition_variable lead_cv_;  // threads waiting to lead
+  std::condition_variable job_cv_;   // the leader waiting for a job while messages are in flight
   std::deque<std::function<void()>> queue_;
+  std::vector<std::function<void()>> completions_;  // touched by the leading thread only
+  bool leading_ = false;
+  bool background_ = false;  // the comm had messages in flight when the last leader finished
   bool stopping_ = false;
-  std::thread thread_;
+  int idle_ = 0;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace cnccl::host

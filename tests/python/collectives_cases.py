@@ -448,6 +448,21 @@ def future_and_work_contract(ctx):
     assert fut.value()[0].data_ptr() == x.data_ptr()
 
 
+
+@case
+def callback_may_run_a_collective_and_wait(ctx):
+    """PowerSGD's hook allreduces inside a future callback and waits for it: that must not deadlock."""
+    g = ctx.groups["fp16-all"]
+    x, y = torch.ones(1 << 16), torch.full((1000,), float(ctx.rank))
+
+    def nested(fut):
+        dist.all_reduce(y, group=g, async_op=True).get_future().wait()
+        return fut.value()[0] + y[0]
+
+    chained = dist.all_reduce(x, group=g, async_op=True).get_future().then(nested).then(lambda f: f.value() * 2)
+    expected = 2 * (ctx.world + sum(range(ctx.world)))
+    assert torch.equal(chained.wait(), torch.full_like(x, float(expected)))
+
 @case
 def bad_input_raises_clear_errors(ctx):
     def raises(fn, *fragments):

@@ -9,12 +9,12 @@ import copy
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cnccl
 from harness import case
+from models import Block, train
 
 R = dist.ReduceOp
 OPS = {"SUM": R.SUM, "AVG": R.AVG, "PREMUL_SUM": R.PREMUL_SUM, "MIN": R.MIN, "MAX": R.MAX}
@@ -176,36 +176,6 @@ def passthrough_collectives_reach_nccl(ctx):
     same(out, x, "all_to_all_single")
 
 
-class Block(nn.Module):
-    """A small transformer-style block: embedding, layer norm, MLP, head."""
-
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(512, 128)
-        self.norm = nn.LayerNorm(128)
-        self.mlp = nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 128))
-        self.head = nn.Linear(128, 512)
-
-    def forward(self, tokens):
-        h = self.emb(tokens)
-        h = h + self.mlp(self.norm(h))
-        return self.head(h)
-
-
-def train(model, steps, device, seed=3):
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    snapshots = []
-    for _ in range(steps):
-        tokens = torch.randint(0, 512, (16, 32), generator=gen).to(device)
-        loss = nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
-        opt.zero_grad()
-        loss.backward()
-        snapshots.append([p.grad.detach().clone() for p in model.parameters()])
-        opt.step()
-    return snapshots, [p.detach().clone() for p in model.parameters()]
-
-
 @case
 def ddp_matches_nccl_with_seed_hooks(ctx):
     for wire, hook in (("fp16", default_hooks.fp16_compress_hook), ("bf16", default_hooks.bf16_compress_hook)):
@@ -215,8 +185,8 @@ def ddp_matches_nccl_with_seed_hooks(ctx):
         ref.register_comm_hook(ctx.nccl, hook)
         ours = DDP(copy.deepcopy(base), process_group=ctx.groups[wire])
         before = cnccl.stats(ctx.groups[wire])["compressed_collectives"]
-        ref_grads, ref_params = train(ref, 5, ctx.device)
-        our_grads, our_params = train(ours, 5, ctx.device)
+        ref_grads, ref_params = train(ref, ref.module, 5, ctx.device)
+        our_grads, our_params = train(ours, ours.module, 5, ctx.device)
         assert cnccl.stats(ctx.groups[wire])["compressed_collectives"] > before, "DDP's buckets were not compressed"
         for step, (a, b) in enumerate(zip(ref_grads, our_grads)):
             for i, (ga, gb) in enumerate(zip(a, b)):
@@ -236,8 +206,9 @@ def fsdp2_trains_on_cnccl_and_its_reduce_scatter_ops_compress(ctx):
     model = copy.deepcopy(base)
     for layer in (model.mlp, model):
         fully_shard(layer, mesh=DeviceMesh.from_group(g, "cuda"))
-    _, params = train(model, 3, ctx.device)
-    _, ref_params = train(copy.deepcopy(base), 3, ctx.device)
+    _, params = train(model, model, 3, ctx.device)
+    ref = copy.deepcopy(base)
+    _, ref_params = train(ref, ref, 3, ctx.device)
     for i, (p, r) in enumerate(zip(params, ref_params)):
         same(p.full_tensor() if hasattr(p, "full_tensor") else p, r, f"fsdp2 param {i}")
     # FSDP2 skips its reduce-scatter at world size 1, so its ops are exercised directly.

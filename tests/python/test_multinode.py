@@ -1,0 +1,158 @@
+"""Two nodes on one machine: network namespaces joined by a veth pair, `torchrun --nnodes=2
+--nproc_per_node=2` in each, DDP on cnccl. The trained parameters must equal those of the same job
+run on one node with 4 ranks, and the gradients must have crossed the veth.
+
+Network namespaces do not isolate UCX's shared memory (design.md), so the two-node job runs with
+UCX_TLS=tcp: every byte between ranks then goes through a socket, and bytes between the nodes
+through the veth. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) for `ip netns`; skips naming that
+elsewhere. CI sets CNCCL_REQUIRE_NETNS=1, which turns that skip into a failure.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "examples", "train_ddp.py")
+STEPS = 8
+TIMEOUT = 420
+
+
+def ip(*args, netns=None, check=True):
+    cmd = ["ip"] + (["netns", "exec", netns, "ip"] if netns else []) + list(args)
+    return subprocess.run(cmd, capture_output=True, text=True, check=check)
+
+
+def unavailable():
+    """Why namespaces cannot be made here, or None."""
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN)"
+    probe = f"cnccl-probe-{os.getpid()}"
+    made = ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"`ip netns add` failed (missing CAP_NET_ADMIN/CAP_SYS_ADMIN?): {made.stderr.strip()}"
+    ip("netns", "del", probe, check=False)
+    return None
+
+
+class Nodes:
+    """Namespaces `a` and `b`, joined by veth devices on 10.213.<n>.1 and .2; removed on close."""
+
+    def __init__(self):
+        tag = os.getpid() % 10000
+        self.ns = [f"cnccl-a-{tag}", f"cnccl-b-{tag}"]
+        self.dev = [f"cna{tag}", f"cnb{tag}"]
+        self.addr = [f"10.213.{tag % 250}.1", f"10.213.{tag % 250}.2"]
+        self.procs = []
+        try:
+            for ns in self.ns:
+                ip("netns", "add", ns)
+            ip("link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
+            for ns, dev, addr in zip(self.ns, self.dev, self.addr):
+                ip("link", "set", dev, "netns", ns)
+                ip("addr", "add", f"{addr}/24", "dev", dev, netns=ns)
+                ip("link", "set", dev, "up", netns=ns)
+                ip("link", "set", "lo", "up", netns=ns)
+        except BaseException:
+            self.close()
+            raise
+
+    def bytes_through(self, node):
+        """Bytes the node's veth end has sent and received."""
+        stats = f"/sys/class/net/{self.dev[node]}/statistics/"
+        out = subprocess.run(["ip", "netns", "exec", self.ns[node], "cat", stats + "tx_bytes", stats + "rx_bytes"],
+                             capture_output=True, text=True, check=True).stdout.split()
+        return int(out[0]) + int(out[1])
+
+    def start(self, node, cmd, env, log):
+        proc = subprocess.Popen(["ip", "netns", "exec", self.ns[node]] + cmd, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def close(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for ns in self.ns:
+            # Anything still inside (a stray rank) dies with it.
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            ip("netns", "del", ns, check=False)
+
+
+def torchrun(*args):
+    return [sys.executable, "-m", "torch.distributed.run", *args, SCRIPT, "--steps", str(STEPS)]
+
+
+def env_for(**extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+    env.pop("UCX_NET_DEVICES", None)
+    return env
+
+
+def wait_all(procs, logs):
+    try:
+        codes = [p.wait(timeout=TIMEOUT) for p in procs]
+    except subprocess.TimeoutExpired:
+        codes = None
+    if codes != [0] * len(procs):
+        text = "\n".join(f"--- {path}\n" + open(path).read()[-4000:] for path in logs)
+        pytest.fail(f"job failed (exit codes {codes}, timeout {TIMEOUT} s):\n{text}")
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    why = unavailable()
+    if why:
+        if os.environ.get("CNCCL_REQUIRE_NETNS") == "1":
+            pytest.fail(f"CNCCL_REQUIRE_NETNS=1 but {why}")
+        pytest.skip(why)
+    n = Nodes()
+    yield n
+    n.close()
+
+
+def test_two_nodes_over_veth_train_like_one_node(nodes, tmp_path):
+    two, one = tmp_path / "two-nodes.pt", tmp_path / "one-node.pt"
+    logs = [str(tmp_path / f"node{i}.log") for i in range(2)]
+    before = nodes.bytes_through(0)
+    procs = []
+    for node in range(2):
+        cmd = torchrun("--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_id=cnccl-two-nodes",
+                       f"--rdzv_endpoint={nodes.addr[0]}:29411", f"--local_addr={nodes.addr[node]}",
+                       # Both namespaces share the machine's host name: say which one hosts the store.
+                       f"--rdzv_conf=is_host={int(node == 0)}")
+        env = env_for(UCX_TLS="tcp", UCX_NET_DEVICES=f"{nodes.dev[node]},lo")
+        with open(logs[node], "w") as log:
+            procs.append(nodes.start(node, cmd + ["--save", str(two)], env, log))
+    wait_all(procs, logs)
+    crossed = nodes.bytes_through(0) - before
+
+    log = str(tmp_path / "one-node.log")
+    with open(log, "w") as f:
+        single = subprocess.Popen(torchrun("--standalone", "--nproc_per_node=4") + ["--save", str(one)],
+                                  env=env_for(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        nodes.procs.append(single)
+    wait_all([single], [log])
+
+    trained, reference = torch.load(two), torch.load(one)
+    assert trained.keys() == reference.keys()
+    for name in reference:
+        assert torch.equal(trained[name], reference[name]), f"{name} differs from the one-node job"
+    # Each step's gradients (fp16 on the wire) cross between the nodes at least once each way.
+    params = sum(t.numel() for t in reference.values())
+    print(f"{crossed} bytes crossed the veth ({params} parameters, {STEPS} steps)")
+    assert crossed > STEPS * params * 2, f"only {crossed} bytes crossed the veth for {params} parameters"
