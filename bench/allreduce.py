@@ -1,13 +1,18 @@
-"""Allreduce bandwidth of cnccl (fp16, bf16, none) beside gloo fp32, measured in one job.
+"""Allreduce bandwidth of cnccl (fp16, bf16, none) beside gloo fp32 and gloo running the fp16 hook's math.
 
-Usage: python3 bench/allreduce.py [--ranks 2] [--sizes 64K,256K,1M,4M,16M,64M] [--trials 7]
+Usage: python3 bench/allreduce.py [--ranks 2,4] [--sizes 4K,...,128M] [--trials 7] [--json FILE] [--plot FILE]
 
 Each size runs every variant in turn, trial after trial (interleaved, so machine noise hits all
-alike), and reports the median time as algorithm bandwidth (fp32 bytes / time) and ratios.
+alike), and reports the median time as algorithm bandwidth (fp32 bytes / time), bus bandwidth
+(algbw x 2(n-1)/n, the bytes each rank's link carries in a ring) and ratios. "gloo-hook" is what
+`fp16_compress_hook` does around the allreduce: cast to fp16 and divide, allreduce the fp16 copy
+on gloo, copy back into the fp32 tensor.
 """
 
 import argparse
+import json
 import os
+import platform
 import socket
 import statistics
 import sys
@@ -17,30 +22,46 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+VARIANTS = ["cnccl-fp16", "cnccl-bf16", "cnccl-none", "gloo-fp32", "gloo-hook"]
+PHASES = ("cast", "reduce", "transfer", "restore")
+DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,128M"
+
 
 def parse_size(s):
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
 
 
-PHASES = ("cast", "reduce", "transfer", "restore")
+def label(nbytes):
+    return f"{nbytes >> 20}M" if nbytes >= 1 << 20 else f"{nbytes >> 10}K"
 
 
-def worker(rank, world, port, sizes, trials, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+def pin_to_own_core(rank, world):
     torch.set_num_threads(1)
     if world <= os.cpu_count():
         # One core per rank, as a launcher's CPU binding would: no rank's threads migrate onto the
         # other's core, which otherwise makes the variants' times swing run to run.
         os.sched_setaffinity(0, {rank})
+
+
+def hook_allreduce(x, group, world):
+    wire = x.to(torch.float16).div_(world)
+    dist.all_reduce(wire, group=group)
+    x.copy_(wire)
+
+
+def worker(rank, world, port, sizes, trials, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    pin_to_own_core(rank, world)
     import cnccl
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     groups = {
-        "gloo-fp32": dist.group.WORLD,
         "cnccl-fp16": dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="fp16")),
         "cnccl-bf16": dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="bf16")),
         "cnccl-none": dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="none")),
+        "gloo-fp32": dist.group.WORLD,
+        "gloo-hook": dist.group.WORLD,
     }
     rows = []
     for nbytes in sizes:
@@ -54,58 +75,124 @@ def worker(rank, world, port, sizes, trials, out):
                 before = cnccl.stats(g) if name in phases else None
                 t0 = time.perf_counter()
                 for _ in range(reps):
-                    dist.all_reduce(x, group=g)
+                    if name == "gloo-hook":
+                        hook_allreduce(x, g, world)
+                    else:
+                        dist.all_reduce(x, group=g)
                 times[name].append((time.perf_counter() - t0) / reps)
                 if before is not None and trial > 0:
                     after = cnccl.stats(g)
                     for p in PHASES:
                         phases[name][p] += (after[p + "_ns"] - before[p + "_ns"]) / (reps * trials)
                 x.normal_()
-        rows.append((nbytes, {name: statistics.median(t[1:]) for name, t in times.items()}, phases))
+        rows.append({"bytes": nbytes, "seconds": {n: statistics.median(t[1:]) for n, t in times.items()},
+                     "phases_ns": phases})
     if rank == 0:
         out.put(rows)
     dist.destroy_process_group()
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--sizes", default="64K,256K,1M,4M,16M,64M")
-    parser.add_argument("--trials", type=int, default=7)
-    args = parser.parse_args()
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+def run(world, sizes, trials):
+    """Runs one job of `world` ranks; returns a row per size (median seconds per variant, phases)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, args.ranks, port, sizes, args.trials, out)) for r in range(args.ranks)]
+    procs = [ctx.Process(target=worker, args=(r, world, port, sizes, trials, out)) for r in range(world)]
     for p in procs:
         p.start()
     rows = out.get()
     for p in procs:
         p.join()
+    for row in rows:
+        t = row["seconds"]
+        row["algbw_gbs"] = {n: row["bytes"] / t[n] / 1e9 for n in VARIANTS}
+        row["busbw_gbs"] = {n: bw * 2 * (world - 1) / world for n, bw in row["algbw_gbs"].items()}
+        row["ratios"] = {
+            "fp16/none": t["cnccl-none"] / t["cnccl-fp16"],
+            "fp16/gloo": t["gloo-fp32"] / t["cnccl-fp16"],
+            "fp16/hook": t["gloo-hook"] / t["cnccl-fp16"],
+            "bf16/gloo": t["gloo-fp32"] / t["cnccl-bf16"],
+        }
+    return rows
 
-    names = ["cnccl-fp16", "cnccl-bf16", "cnccl-none", "gloo-fp32"]
-    print(f"allreduce, {args.ranks} ranks, fp32 SUM, median of {args.trials} trials; algbw in GB/s (fp32 bytes / time)")
-    print(f"{'size':>8} " + " ".join(f"{n:>11}" for n in names) + f" {'fp16/none':>10} {'fp16/gloo':>10} {'bf16/gloo':>10}")
-    for nbytes, t, _ in rows:
-        bw = {n: nbytes / t[n] / 1e9 for n in names}
-        print(f"{label(nbytes):>8} " + " ".join(f"{bw[n]:11.2f}" for n in names) +
-              f" {t['cnccl-none'] / t['cnccl-fp16']:9.2f}x {t['gloo-fp32'] / t['cnccl-fp16']:9.2f}x"
-              f" {t['gloo-fp32'] / t['cnccl-bf16']:9.2f}x")
-    print("\nrank 0's time per allreduce by phase, microseconds (cnccl.stats: cast = scale-and-cast or packing copy,"
-          " transfer = moving bytes and waiting on the peer, restore = restore or unpacking copy)")
-    print(f"{'size':>8} {'variant':>11} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'wall':>9}")
-    for nbytes, t, phases in rows:
+
+def table(world, rows, trials):
+    """The printed report of one job: bandwidths, ratios, small-message latency, phase breakdown."""
+    lines = [f"allreduce, {world} ranks, fp32 SUM, median of {trials} trials; algbw / busbw in GB/s "
+             "(algbw = fp32 bytes / time, busbw = algbw x 2(n-1)/n)"]
+    lines.append(f"{'size':>6} " + " ".join(f"{n:>15}" for n in VARIANTS) +
+                 "  fp16/none fp16/gloo fp16/hook")
+    for row in rows:
+        cells = " ".join(f"{row['algbw_gbs'][n]:7.2f}/{row['busbw_gbs'][n]:<7.2f}" for n in VARIANTS)
+        r = row["ratios"]
+        lines.append(f"{label(row['bytes']):>6} {cells}  {r['fp16/none']:8.2f}x {r['fp16/gloo']:8.2f}x"
+                     f" {r['fp16/hook']:8.2f}x")
+    small = rows[0]
+    lines.append(f"\nlatency at {label(small['bytes'])}, microseconds: " +
+                 ", ".join(f"{n} {small['seconds'][n] * 1e6:.1f}" for n in VARIANTS))
+    lines.append("\nrank 0's time per allreduce by phase, microseconds (cnccl.stats: cast = scale-and-cast or "
+                 "packing copy, transfer = moving bytes and waiting on peers, restore = restore or unpacking copy)")
+    lines.append(f"{'size':>6} {'variant':>11} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'wall':>9}")
+    for row in rows:
+        if row["bytes"] < 1 << 20:
+            continue
         for name in ("cnccl-fp16", "cnccl-none"):
-            print(f"{label(nbytes):>8} {name:>11} " + " ".join(f"{phases[name][p] / 1e3:9.0f}" for p in PHASES) +
-                  f" {t[name] * 1e6:9.0f}")
+            ph = row["phases_ns"][name]
+            lines.append(f"{label(row['bytes']):>6} {name:>11} " + " ".join(f"{ph[p] / 1e3:9.0f}" for p in PHASES) +
+                         f" {row['seconds'][name] * 1e6:9.0f}")
+    return "\n".join(lines)
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    worlds = sorted(results, key=int)
+    fig, axes = plt.subplots(1, len(worlds), figsize=(6 * len(worlds), 4.5), squeeze=False)
+    for ax, world in zip(axes[0], worlds):
+        rows = results[world]
+        sizes = [row["bytes"] for row in rows]
+        for name in VARIANTS:
+            ax.plot(sizes, [row["algbw_gbs"][name] for row in rows], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [label(s) for s in sizes], rotation=45)
+        ax.set_xlabel("fp32 tensor size")
+        ax.set_ylabel("algbw, GB/s (fp32 bytes / time)")
+        ax.set_title(f"allreduce, {world} ranks ({os.cpu_count()} cores)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def machine():
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES)
+    parser.add_argument("--trials", type=int, default=7)
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--plot", default=None, help="write a PNG plot of algbw per size here")
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    results = {}
+    for world in (int(w) for w in args.ranks.split(",")):
+        results[str(world)] = run(world, sizes, args.trials)
+        print(table(world, results[str(world)], args.trials) + "\n", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(), "trials": args.trials, "results": results}, f, indent=1)
+    if args.plot:
+        plot(results, args.plot)
     sys.stdout.flush()
-
-
-def label(nbytes):
-    return f"{nbytes >> 20}M" if nbytes >= 1 << 20 else f"{nbytes >> 10}K"
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ namespace {
 // Bounds the threads a chain of blocking callbacks can pull in (each one nests a collective).
 constexpr size_t kMaxThreads = 16;
 
+// The executor whose completions this thread is running, if any.
+thread_local const Executor* running_completions_of = nullptr;
+
 }  // namespace
 
 Executor::Executor(Comm& comm) : comm_(comm) {
@@ -19,6 +22,10 @@ void Executor::submit(std::function<void()> job) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(job));
+    // A callback submitting on its own group will likely wait for the result: someone must lead.
+    if (running_completions_of == this && idle_ == 0 && !stopping_ && threads_.size() < kMaxThreads) {
+      threads_.emplace_back([this] { loop(); });
+    }
   }
   job_cv_.notify_one();
   lead_cv_.notify_one();
@@ -62,12 +69,11 @@ void Executor::loop() {
     done.swap(completions_);
     background_ = comm_.has_background();
     leading_ = false;
-    if (!done.empty() && idle_ == 0 && !stopping_ && threads_.size() < kMaxThreads) {
-      threads_.emplace_back([this] { loop(); });
-    }
     if (!queue_.empty() || background_) lead_cv_.notify_one();
     lock.unlock();
+    running_completions_of = this;
     for (auto& completion : done) completion();
+    running_completions_of = nullptr;
     lock.lock();
   }
 }

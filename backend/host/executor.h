@@ -4,8 +4,8 @@
 // One thread at a time leads: it owns the comm and runs the next job. Completions (a Work's
 // future, whose callbacks run user code) are deferred until the leader has handed the lead on,
 // because a callback may issue another collective on this group and wait for it, as PowerSGD's
-// hook does; a second thread is kept idle for that. Threads sleep on condition variables when
-// there is nothing to do.
+// hook does: when a callback submits a job and no thread is idle, another thread is started to
+// lead. Threads sleep on condition variables when there is nothing to do.
 #pragma once
 
 #include <condition_variable>
