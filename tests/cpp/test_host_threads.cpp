@@ -1,7 +1,7 @@
 // The host path's threading, in one process: each rank is a thread with its own group (UCX worker,
 // executor thread) over one HashStore. Collectives are issued by the rank's thread and waited on
-// by another, many in flight; abort() comes from a third thread. Built and run under
-// ThreadSanitizer and AddressSanitizer by .ci/sanitize.sh.
+// by another, many in flight; a future's callback runs collectives of its own; abort() comes
+// from a third thread. Built and run under ThreadSanitizer and AddressSanitizer by .ci/sanitize.sh.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -68,6 +68,31 @@ TEST(HostThreads, ManyCollectivesInFlightWaitedFromAnotherThread) {
     }
     waiter.join();
     EXPECT_EQ(wrong.load(), 0) << "rank " << rank;
+    pg->barrier()->wait();
+  });
+}
+
+TEST(HostThreads, FutureCallbackRunsACollectiveAndWaitsForIt) {
+  // PowerSGD's pattern, nested twice: each callback allreduces on the same group and waits.
+  constexpr int kWorld = 2;
+  on_ranks(kWorld, [](int rank, Group pg) {
+    std::vector<at::Tensor> first{at::full({4096}, float(rank + 1))};
+    // Rank 1 comes late, so rank 0's callback is attached before its work completes and runs on
+    // the executor's thread.
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto nested = [pg](float value) {
+      std::vector<at::Tensor> t{at::full({4096}, value)};
+      pg->allreduce(t)->getFuture()->wait();
+      return t[0][0].item<float>();
+    };
+    auto chained = pg->allreduce(first)->getFuture()->then(
+        [&, nested](c10::ivalue::Future&) {
+          const float inner = nested(nested(1.0f));
+          return c10::IValue(first[0][0].item<float>() + inner);
+        },
+        c10::FloatType::get());
+    chained->wait();
+    EXPECT_EQ(chained->value().toDouble(), 3.0 + kWorld * kWorld) << "rank " << rank;
     pg->barrier()->wait();
   });
 }
