@@ -92,19 +92,25 @@ def worker(rank, world, port, sizes, trials, out):
     dist.destroy_process_group()
 
 
-def run(world, sizes, trials):
-    """Runs one job of `world` ranks; returns a row per size (median seconds per variant, phases)."""
+def spawn(target, world, *args):
+    """Runs target(rank, world, port, *args, queue) on `world` ranks; returns what rank 0 puts on the queue."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, world, port, sizes, trials, out)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, out)) for r in range(world)]
     for p in procs:
         p.start()
-    rows = out.get()
+    result = out.get()
     for p in procs:
         p.join()
+    return result
+
+
+def run(world, sizes, trials):
+    """Runs one job of `world` ranks; returns a row per size (median seconds per variant, phases)."""
+    rows = spawn(worker, world, sizes, trials)
     for row in rows:
         t = row["seconds"]
         row["algbw_gbs"] = {n: row["bytes"] / t[n] / 1e9 for n in VARIANTS}

@@ -12,18 +12,16 @@ gradient: the losses must fall and agree across the three runs to the 16-bit rou
 import argparse
 import json
 import os
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from allreduce import machine, pin_to_own_core
+from allreduce import machine, pin_to_own_core, spawn
 
 CONFIGS = ["gloo", "gloo+fp16_hook", "cnccl-fp16"]
 IN, WIDTH, CLASSES, DEPTH = 1024, 2048, 1024, 5
@@ -90,17 +88,7 @@ def worker(rank, world, port, args, out):
 
 
 def run(world, args):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, world, port, args, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    result = out.get()
-    for p in procs:
-        p.join()
+    result = spawn(worker, world, args)
     result.update(ranks=world, batch=args.batch)
     return result
 
