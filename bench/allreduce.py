@@ -1,6 +1,7 @@
 """Allreduce bandwidth of cnccl (fp16, bf16, none) beside gloo fp32 and gloo running the fp16 hook's math.
 
 Usage: python3 bench/allreduce.py [--ranks 2,4] [--sizes 4K,...,128M] [--trials 7] [--json FILE] [--plot FILE]
+(JSON and plot go to bench/results/ unless told otherwise; bench/report.py also puts them in the README.)
 
 Each size runs every variant in turn, trial after trial (interleaved, so machine noise hits all
 alike), and reports the median time as algorithm bandwidth (fp32 bytes / time), bus bandwidth
@@ -25,6 +26,7 @@ import torch.multiprocessing as mp
 VARIANTS = ["cnccl-fp16", "cnccl-bf16", "cnccl-none", "gloo-fp32", "gloo-hook"]
 PHASES = ("cast", "reduce", "transfer", "restore")
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,128M"
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def parse_size(s):
@@ -185,14 +187,17 @@ def main():
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--sizes", default=DEFAULT_SIZES)
     parser.add_argument("--trials", type=int, default=7)
-    parser.add_argument("--json", default=None, help="write the results here")
-    parser.add_argument("--plot", default=None, help="write a PNG plot of algbw per size here")
+    parser.add_argument("--json", default=os.path.join(RESULTS, "allreduce.json"), help="results file ('' for none)")
+    parser.add_argument("--plot", default=os.path.join(RESULTS, "allreduce.png"), help="PNG of algbw ('' for none)")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     results = {}
     for world in (int(w) for w in args.ranks.split(",")):
         results[str(world)] = run(world, sizes, args.trials)
         print(table(world, results[str(world)], args.trials) + "\n", flush=True)
+    for path in (args.json, args.plot):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine(), "trials": args.trials, "results": results}, f, indent=1)

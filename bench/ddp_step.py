@@ -21,7 +21,7 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from allreduce import machine, pin_to_own_core, spawn
+from allreduce import RESULTS, machine, pin_to_own_core, spawn
 
 CONFIGS = ["gloo", "gloo+fp16_hook", "cnccl-fp16"]
 IN, WIDTH, CLASSES, DEPTH = 1024, 2048, 1024, 5
@@ -124,12 +124,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps-per-round", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", default=os.path.join(RESULTS, "ddp_step.json"), help="results file ('' for none)")
     args = parser.parse_args()
     result = run(args.ranks, args)
     print(table(result), flush=True)
     check(result)
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"machine": machine(), **result}, f, indent=1)
 

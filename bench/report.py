@@ -16,7 +16,7 @@ import ddp_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 README = os.path.join(os.path.dirname(HERE), "README.md")
-RESULTS = os.path.join(HERE, "results")
+RESULTS = allreduce.RESULTS
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
