@@ -16,7 +16,6 @@ import os
 import platform
 import socket
 import statistics
-import sys
 import time
 
 import torch
@@ -182,6 +181,22 @@ def machine():
             "date": time.strftime("%Y-%m-%d")}
 
 
+def save_json(data, path):
+    """Writes `data` with the machine's description to `path` ('' or None: nowhere)."""
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"machine": machine(), **data}, f, indent=1)
+
+
+def save(results, trials, json_path, plot_path):
+    save_json({"trials": trials, "results": results}, json_path)
+    if plot_path:
+        os.makedirs(os.path.dirname(os.path.abspath(plot_path)), exist_ok=True)
+        plot(results, plot_path)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", default="2,4")
@@ -195,15 +210,7 @@ def main():
     for world in (int(w) for w in args.ranks.split(",")):
         results[str(world)] = run(world, sizes, args.trials)
         print(table(world, results[str(world)], args.trials) + "\n", flush=True)
-    for path in (args.json, args.plot):
-        if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "trials": args.trials, "results": results}, f, indent=1)
-    if args.plot:
-        plot(results, args.plot)
-    sys.stdout.flush()
+    save(results, args.trials, args.json, args.plot)
 
 
 if __name__ == "__main__":

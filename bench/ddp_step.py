@@ -10,7 +10,6 @@ gradient: the losses must fall and agree across the three runs to the 16-bit rou
 """
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -21,7 +20,7 @@ import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from allreduce import RESULTS, machine, pin_to_own_core, spawn
+from allreduce import RESULTS, pin_to_own_core, save_json, spawn
 
 CONFIGS = ["gloo", "gloo+fp16_hook", "cnccl-fp16"]
 IN, WIDTH, CLASSES, DEPTH = 1024, 2048, 1024, 5
@@ -35,7 +34,7 @@ def make_model():
     return nn.Sequential(*layers, nn.Linear(WIDTH, CLASSES))
 
 
-def worker(rank, world, port, args, out):
+def worker(rank, world, port, rounds, steps_per_round, batch, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     pin_to_own_core(rank, world)
     import cnccl
@@ -44,7 +43,7 @@ def worker(rank, world, port, args, out):
     cnccl_group = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="fp16"))
     teacher = torch.randn(IN, CLASSES, generator=torch.Generator().manual_seed(1))
     gen = torch.Generator().manual_seed(100 + rank)
-    batches = [torch.randn(args.batch, IN, generator=gen) for _ in range(2)]
+    batches = [torch.randn(batch, IN, generator=gen) for _ in range(2)]
     batches = [(x, (x @ teacher).argmax(1)) for x in batches]
     runs = {}
     for name in CONFIGS:
@@ -70,10 +69,10 @@ def worker(rank, world, port, args, out):
     for name in CONFIGS:  # warm-up: allocations, DDP's bucket rebuild after the first step
         for _ in range(2):
             step(runs[name], False)
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name in CONFIGS:
             dist.barrier()
-            for _ in range(args.steps_per_round):
+            for _ in range(steps_per_round):
                 step(runs[name], True)
     result = {}
     for name in CONFIGS:
@@ -83,13 +82,13 @@ def worker(rank, world, port, args, out):
         result[name] = {"step_s": statistics.median(runs[name]["times"]), "first_loss": first, "loss": last}
     params = sum(p.numel() for p in runs["gloo"]["model"].parameters())
     if rank == 0:
-        out.put({"params": params, "runs": result, "steps": 2 + args.rounds * args.steps_per_round})
+        out.put({"params": params, "runs": result, "steps": 2 + rounds * steps_per_round})
     dist.destroy_process_group()
 
 
-def run(world, args):
-    result = spawn(worker, world, args)
-    result.update(ranks=world, batch=args.batch)
+def run(world=2, rounds=6, steps_per_round=2, batch=32):
+    result = spawn(worker, world, rounds, steps_per_round, batch)
+    result.update(ranks=world, batch=batch)
     return result
 
 
@@ -126,13 +125,10 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--json", default=os.path.join(RESULTS, "ddp_step.json"), help="results file ('' for none)")
     args = parser.parse_args()
-    result = run(args.ranks, args)
+    result = run(args.ranks, args.rounds, args.steps_per_round, args.batch)
     print(table(result), flush=True)
     check(result)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), **result}, f, indent=1)
+    save_json(result, args.json)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ Usage: python3 bench/report.py [--trials 7]
 """
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -21,37 +20,34 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def goals(ar, ddp):
-    """The performance goals (2 ranks), each with its measured value and whether it holds."""
+    """The performance goals (2 ranks): (what, measured ratio, target ratio, whether higher is better)."""
     rows = {row["bytes"]: row for row in ar["2"]}
     out = []
     for size in (16 << 20, 64 << 20):
         r = rows[size]["ratios"]
         name = allreduce.label(size)
-        out.append((f"{name} cnccl-fp16 vs gloo fp32", r["fp16/gloo"], ">= 3x"))
-        out.append((f"{name} cnccl-fp16 vs gloo running the hook's math", r["fp16/hook"], ">= 2x"))
-        out.append((f"{name} cnccl-fp16 vs cnccl-none", r["fp16/none"], ">= 1.7x"))
+        out.append((f"{name} cnccl-fp16 vs gloo fp32", r["fp16/gloo"], 3.0, True))
+        out.append((f"{name} cnccl-fp16 vs gloo running the hook's math", r["fp16/hook"], 2.0, True))
+        out.append((f"{name} cnccl-fp16 vs cnccl-none", r["fp16/none"], 1.7, True))
     small = rows[min(rows)]["seconds"]
     out.append((f"{allreduce.label(min(rows))} latency, gloo / cnccl", small["gloo-fp32"] / small["cnccl-fp16"],
-                ">= 1x"))
+                1.0, True))
     runs = ddp["runs"]
     out.append(("DDP step, cnccl-fp16 / (gloo + fp16 hook)", runs["cnccl-fp16"]["step_s"] /
-                runs["gloo+fp16_hook"]["step_s"], "<= 0.8x"))
+                runs["gloo+fp16_hook"]["step_s"], 0.8, False))
     return out
 
 
-def holds(value, goal):
-    bound = float(goal.split()[1].rstrip("x"))
-    return value >= bound if goal.startswith(">=") else value <= bound
-
-
 def section(ar, ddp, trials):
-    lines = [BEGIN, "", "Regenerate with `python3 bench/report.py` (about 5 minutes; numbers are from one run on this "
+    lines = [BEGIN, "", "Regenerate with `python3 bench/report.py` (about 3 minutes; numbers are from one run on this "
              f"{ar['machine']['cores']}-core machine, {ar['machine']['date']}, torch {ar['machine']['torch']}; "
              f"medians of {trials} interleaved trials).", "",
              "![allreduce bandwidth](bench/results/allreduce.png)", ""]
     lines += ["| goal (2 ranks) | measured | target | |", "|---|---|---|---|"]
-    for name, value, goal in goals(ar["results"], ddp):
-        lines.append(f"| {name} | {value:.2f}x | {goal} | {'met' if holds(value, goal) else 'not met'} |")
+    for name, value, target, higher in goals(ar["results"], ddp):
+        met = value >= target if higher else value <= target
+        sign = ">=" if higher else "<="
+        lines.append(f"| {name} | {value:.2f}x | {sign} {target:g}x | {'met' if met else 'not met'} |")
     for world, rows in ar["results"].items():
         lines += ["", f"allreduce, {world} ranks: algbw GB/s (busbw = algbw x {2 * (int(world) - 1)}/{world})", "",
                   "| size | " + " | ".join(allreduce.VARIANTS) + " | fp16/none | fp16/gloo | fp16/hook |",
@@ -69,21 +65,18 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=7)
     args = parser.parse_args()
-    os.makedirs(RESULTS, exist_ok=True)
     sizes = [allreduce.parse_size(s) for s in allreduce.DEFAULT_SIZES.split(",")]
     results = {}
     for world in (2, 4):
         results[str(world)] = allreduce.run(world, sizes, args.trials)
         print(allreduce.table(world, results[str(world)], args.trials) + "\n", flush=True)
+    allreduce.save(results, args.trials, os.path.join(RESULTS, "allreduce.json"),
+                   os.path.join(RESULTS, "allreduce.png"))
     ar = {"machine": allreduce.machine(), "trials": args.trials, "results": results}
-    with open(os.path.join(RESULTS, "allreduce.json"), "w") as f:
-        json.dump(ar, f, indent=1)
-    allreduce.plot(results, os.path.join(RESULTS, "allreduce.png"))
-    ddp = ddp_step.run(2, argparse.Namespace(rounds=6, steps_per_round=2, batch=32))
+    ddp = ddp_step.run()
     print(ddp_step.table(ddp), flush=True)
     ddp_step.check(ddp)
-    with open(os.path.join(RESULTS, "ddp_step.json"), "w") as f:
-        json.dump({"machine": allreduce.machine(), **ddp}, f, indent=1)
+    allreduce.save_json(ddp, os.path.join(RESULTS, "ddp_step.json"))
 
     with open(README) as f:
         text = f.read()

@@ -448,7 +448,6 @@ def future_and_work_contract(ctx):
     assert fut.value()[0].data_ptr() == x.data_ptr()
 
 
-
 @case
 def callback_may_run_a_collective_and_wait(ctx):
     """PowerSGD's hook allreduces inside a future callback and waits for it: that must not deadlock."""
@@ -462,6 +461,7 @@ def callback_may_run_a_collective_and_wait(ctx):
     chained = dist.all_reduce(x, group=g, async_op=True).get_future().then(nested).then(lambda f: f.value() * 2)
     expected = 2 * (ctx.world + sum(range(ctx.world)))
     assert torch.equal(chained.wait(), torch.full_like(x, float(expected)))
+
 
 @case
 def bad_input_raises_clear_errors(ctx):

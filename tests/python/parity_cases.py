@@ -64,6 +64,12 @@ class Context:
                 f.write(json.dumps(dict(world=self.world, **entry)) + "\n")
 
 
+def relative_distance(params, exact):
+    """||params - exact|| / ||exact|| over all parameters together."""
+    diff = torch.cat([(a - b).flatten() for a, b in zip(params, exact)]).norm()
+    return (diff / torch.cat([p.flatten() for p in exact]).norm()).item()
+
+
 def max_diff(a, b):
     return max(((x.double() - y.double()).abs().max().item() for x, y in zip(a, b) if x is not None), default=0.0)
 
@@ -163,12 +169,10 @@ def accuracy_no_worse_than_the_seed_hook(ctx):
     for model_name in ("mlp", "block"):
         net = model_for(model_name, "default")
         _, exact = run_ddp(ctx, net, ctx.gloo, steps=steps)
-        norm = torch.cat([p.flatten() for p in exact]).norm().item()
         for wire in ("fp16", "bf16"):
             _, hooked = run_ddp(ctx, net, ctx.gloo, hook=(ctx.gloo, SEED_HOOKS[wire]), steps=steps)
             _, ours = run_ddp(ctx, net, ctx.groups[wire], steps=steps)
-            dist_hook = torch.cat([(a - b).flatten() for a, b in zip(hooked, exact)]).norm().item() / norm
-            dist_ours = torch.cat([(a - b).flatten() for a, b in zip(ours, exact)]).norm().item() / norm
+            dist_hook, dist_ours = relative_distance(hooked, exact), relative_distance(ours, exact)
             ctx.report(case=f"accuracy {model_name} {wire} after {steps} steps", relative_l2_hook=dist_hook,
                        relative_l2_cnccl=dist_ours, max_abs_hook=max_diff(hooked, exact),
                        max_abs_cnccl=max_diff(ours, exact))
@@ -206,15 +210,16 @@ def fsdp2_reduce_scatter_compressed_and_matches_gloo_within_16bit_bound(ctx):
     # Each rank's contribution g/world is rounded once to fp16, and each of the world-1 adds rounds
     # once: |error| <= world * u * max|g| (u = 2^-11), plus half an fp16 subnormal step per rounding.
     unit = 2.0**-11
+    grad_diff = 0.0
     for step, (a, b) in enumerate(zip(ref_grads, our_grads)):
         for i, (ga, gb) in enumerate(zip(a, b)):
             ga, gb = ga.to_local(), gb.to_local()
             bound = ctx.world * unit * ga.abs().max().item() + ctx.world * 2.0**-25
             diff = (ga - gb).abs().max().item() if ga.numel() else 0.0
             assert diff <= bound, f"fsdp2 step {step} grad {i}: diff {diff:.3e} > bound {bound:.3e}"
-    grad_diff = max(max_diff([x.to_local() for x in a], [y.to_local() for y in b])
-                    for a, b in zip(ref_grads, our_grads))
-    # Parameters after 3 SGD steps (lr 0.1) move by at most lr x the summed gradient errors.
+            grad_diff = max(grad_diff, diff)
+    # Parameters after 3 SGD steps (lr 0.1) move by lr x the summed gradient errors; the factor 4
+    # leaves room for the later steps' gradients, which start from parameters already apart.
     param_diff = max_diff([p.full_tensor() for p in ref_params], [p.full_tensor() for p in our_params])
     assert param_diff <= 3 * 0.1 * 4 * grad_diff + 1e-7, f"fsdp2 params differ by {param_diff:.3e}"
     ctx.report(case="fsdp2 block fp16 vs FSDP2 on gloo (fp32)", bitwise=False, max_grad_diff=grad_diff,

@@ -98,9 +98,10 @@ def torchrun(*args):
 
 
 def env_for(**extra):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
-    env.pop("UCX_NET_DEVICES", None)
-    return env
+    # A UCX_NET_DEVICES naming the machine's own devices would match nothing inside a namespace,
+    # which has only lo and its veth end.
+    env = {k: v for k, v in os.environ.items() if k != "UCX_NET_DEVICES"}
+    return dict(env, OMP_NUM_THREADS="1", **extra)
 
 
 def wait_all(procs, logs):
@@ -135,9 +136,8 @@ def test_two_nodes_over_veth_train_like_one_node(nodes, tmp_path):
                        f"--rdzv_endpoint={nodes.addr[0]}:29411", f"--local_addr={nodes.addr[node]}",
                        # Both namespaces share the machine's host name: say which one hosts the store.
                        f"--rdzv_conf=is_host={int(node == 0)}")
-        env = env_for(UCX_TLS="tcp", UCX_NET_DEVICES=f"{nodes.dev[node]},lo")
         with open(logs[node], "w") as log:
-            procs.append(nodes.start(node, cmd + ["--save", str(two)], env, log))
+            procs.append(nodes.start(node, cmd + ["--save", str(two)], env_for(UCX_TLS="tcp"), log))
     wait_all(procs, logs)
     crossed = nodes.bytes_through(0) - before
 
