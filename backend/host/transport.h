@@ -3,6 +3,7 @@
 // Not thread-safe: one thread (the group's executor) owns a transport after construction.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,6 +38,9 @@ class Transport {
   virtual std::unique_ptr<Request> irecv(int peer, uint64_t tag, uint64_t mask, void* data, size_t bytes) = 0;
   // Advances communication; returns true if anything happened.
   virtual bool progress() = 0;
+  // Sleeps until the network may have something for progress(), or `limit` has passed; may return
+  // early. Call it only after progress() returned false.
+  virtual void wait_for_activity(std::chrono::microseconds limit) = 0;
   // Payload bytes handed to isend since creation (the wire traffic this rank originated).
   virtual uint64_t bytes_sent() const = 0;
   virtual std::string describe() const = 0;

@@ -2,8 +2,11 @@
 
 #include <c10/util/Exception.h>
 
+#include <poll.h>
+
 #include <chrono>
 #include <mutex>
+#include <thread>
 
 namespace cnccl::host {
 namespace {
@@ -25,7 +28,8 @@ std::shared_ptr<ucp_context> shared_context() {
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "config read");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_TAG;
+  // WAKEUP lets a waiting rank sleep in the kernel until a message arrives instead of polling.
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 1;
   params.name = "cnccl";
   ucp_context_h raw = nullptr;
@@ -104,6 +108,7 @@ UcxTransport::UcxTransport(const c10::intrusive_ptr<c10d::Store>& store, int ran
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
   check_ucs(ucp_worker_create(context_.get(), &wparams, &worker_), "worker create");
+  if (ucp_worker_get_efd(worker_, &event_fd_) != UCS_OK) event_fd_ = -1;
 
   ucp_address_t* address = nullptr;
   size_t address_length = 0;
@@ -179,6 +184,20 @@ std::unique_ptr<Request> UcxTransport::irecv(int /*peer*/, uint64_t tag, uint64_
 }
 
 bool UcxTransport::progress() { return ucp_worker_progress(worker_) != 0; }
+
+void UcxTransport::wait_for_activity(std::chrono::microseconds limit) {
+  if (event_fd_ < 0) {
+    std::this_thread::sleep_for(limit);
+    return;
+  }
+  // BUSY means events arrived since the last progress(): the caller should progress, not sleep.
+  if (ucp_worker_arm(worker_) != UCS_OK) return;
+  pollfd fd{event_fd_, POLLIN, 0};
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(limit);
+  const timespec timeout{time_t(seconds.count()),
+                         long(std::chrono::duration_cast<std::chrono::nanoseconds>(limit - seconds).count())};
+  ppoll(&fd, 1, &timeout, nullptr);
+}
 
 std::string UcxTransport::describe() const {
   return "UCX " + std::string(ucp_get_version_string()) + " rank " + std::to_string(rank_) + "/" +

@@ -24,6 +24,7 @@ class UcxTransport final : public Transport {
   std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) override;
   std::unique_ptr<Request> irecv(int peer, uint64_t tag, uint64_t mask, void* data, size_t bytes) override;
   bool progress() override;
+  void wait_for_activity(std::chrono::microseconds limit) override;
   uint64_t bytes_sent() const override { return bytes_sent_; }
   std::string describe() const override;
 
@@ -32,6 +33,7 @@ class UcxTransport final : public Transport {
   int size_;
   std::shared_ptr<ucp_context> context_;
   ucp_worker_h worker_ = nullptr;
+  int event_fd_ = -1;  // readable when the worker has events; -1 if UCX offers none
   std::vector<ucp_ep_h> endpoints_;
   uint64_t bytes_sent_ = 0;
 };
