@@ -1,17 +1,21 @@
 """Allreduce bandwidth of cnccl (fp16, bf16, none) beside gloo fp32 and gloo running the fp16 hook's math.
 
-Usage: python3 bench/allreduce.py [--ranks 2,4] [--sizes 4K,...,128M] [--trials 7] [--json FILE] [--plot FILE]
+Usage: python3 bench/allreduce.py [--ranks 2,4] [--sizes 4K,...,128M] [--trials 7] [--busy N] [--json FILE] [--plot FILE]
 (JSON and plot go to bench/results/ unless told otherwise; bench/report.py also puts them in the README.)
 
 Each size runs every variant in turn, trial after trial (interleaved, so machine noise hits all
 alike), and reports the median time as algorithm bandwidth (fp32 bytes / time), bus bandwidth
 (algbw x 2(n-1)/n, the bytes each rank's link carries in a ring) and ratios. "gloo-hook" is what
 `fp16_compress_hook` does around the allreduce: cast to fp16 and divide, allreduce the fp16 copy
-on gloo, copy back into the fp32 tensor.
+on gloo, copy back into the fp32 tensor. `--busy N` runs N busy-loop processes beside the ranks, as
+a training job's compute threads or another job would, to show how each backend copes with sharing
+its cores.
 """
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import os
 import platform
 import socket
@@ -197,19 +201,40 @@ def save(results, trials, json_path, plot_path):
         plot(results, plot_path)
 
 
+def spin():
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def busy_loops(count):
+    """Runs `count` processes that only burn CPU for the duration of the block."""
+    loops = [multiprocessing.get_context("spawn").Process(target=spin, daemon=True) for _ in range(count)]
+    for p in loops:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in loops:
+            p.kill()
+            p.join()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--sizes", default=DEFAULT_SIZES)
     parser.add_argument("--trials", type=int, default=7)
+    parser.add_argument("--busy", type=int, default=0, help="busy-loop processes to run beside the ranks")
     parser.add_argument("--json", default=os.path.join(RESULTS, "allreduce.json"), help="results file ('' for none)")
     parser.add_argument("--plot", default=os.path.join(RESULTS, "allreduce.png"), help="PNG of algbw ('' for none)")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     results = {}
-    for world in (int(w) for w in args.ranks.split(",")):
-        results[str(world)] = run(world, sizes, args.trials)
-        print(table(world, results[str(world)], args.trials) + "\n", flush=True)
+    with busy_loops(args.busy):
+        for world in (int(w) for w in args.ranks.split(",")):
+            results[str(world)] = run(world, sizes, args.trials)
+            print(table(world, results[str(world)], args.trials) + "\n", flush=True)
     save(results, args.trials, args.json, args.plot)
 
 
