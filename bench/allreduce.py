@@ -15,7 +15,6 @@ its cores.
 import argparse
 import contextlib
 import json
-import multiprocessing
 import os
 import platform
 import socket
@@ -209,7 +208,7 @@ def spin():
 @contextlib.contextmanager
 def busy_loops(count):
     """Runs `count` processes that only burn CPU for the duration of the block."""
-    loops = [multiprocessing.get_context("spawn").Process(target=spin, daemon=True) for _ in range(count)]
+    loops = [mp.get_context("spawn").Process(target=spin, daemon=True) for _ in range(count)]
     for p in loops:
         p.start()
     try:

@@ -193,9 +193,8 @@ void UcxTransport::wait_for_activity(std::chrono::microseconds limit) {
   // BUSY means events arrived since the last progress(): the caller should progress, not sleep.
   if (ucp_worker_arm(worker_) != UCS_OK) return;
   pollfd fd{event_fd_, POLLIN, 0};
-  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(limit);
-  const timespec timeout{time_t(seconds.count()),
-                         long(std::chrono::duration_cast<std::chrono::nanoseconds>(limit - seconds).count())};
+  const long long ns = std::chrono::nanoseconds(limit).count();
+  const timespec timeout{time_t(ns / 1000000000), long(ns % 1000000000)};
   ppoll(&fd, 1, &timeout, nullptr);
 }
 
