@@ -16,6 +16,11 @@ namespace {
 
 constexpr const char* kUntouched = "the caller's tensors were not modified";
 constexpr const char* kOutputsUndefined = "output tensors may be partially written; inputs were not modified";
+// Each tensor of a coalesced call is written once its own part completes; ranks that disagree on
+// any part fail before the first is written (see coalesced()).
+constexpr const char* kCoalescedFailure =
+    "tensors of this coalesced call before the one that failed may already hold their results; the others were "
+    "not modified";
 // Above this the ring's n-1 half-size steps beat one full exchange with every peer.
 constexpr size_t kDirectAllreduceMaxBytes = 256 * 1024;
 
@@ -70,6 +75,13 @@ std::string describe(const at::Tensor& t, const Plan& plan, RedOp op) {
   return describe(t) + ", " + op_name(op) + ", " + (plan.compress ? codec::wire_name(plan.wire) : "no") + " wire";
 }
 std::string with_root(std::string what, int root) { return what + ", root " + std::to_string(root); }
+// A coalesced call's first header carries every tensor's signature, so ranks that disagree on any
+// part fail before the first tensor's result is written.
+std::string coalesced(const std::vector<std::string>& parts) {
+  std::string all = std::to_string(parts.size()) + " tensors: ";
+  for (size_t i = 0; i < parts.size(); ++i) all += (i ? "; " : "") + parts[i];
+  return all;
+}
 
 bool folds_cast(const Plan& plan, at::ScalarType dtype) {
   return plan.compress && plan.inner_op == RedOp::SUM && dtype == at::kFloat;
@@ -210,7 +222,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allreduce_coalesced(std::vecto
     stats_.record(t.nbytes(), plans.back().compress ? t.numel() * 2 : t.nbytes(), plans.back().compress);
   }
   const auto timeout = timeout_of(opts.timeout);
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", sigs[0], tensors, timeout, kUntouched,
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", coalesced(sigs), tensors, timeout,
+                 kCoalescedFailure,
                  [this, tensors, plans, sigs, timeout](HostWork& work) {
                    for (size_t i = 0; i < tensors.size(); ++i) {
                      if (i) comm_->begin("allreduce_coalesced", work.getSequencenumber() + i, timeout, sigs[i]);
@@ -222,9 +235,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allreduce_coalesced(std::vecto
 
 void ProcessGroupCNCCL::run_reduce_scatter(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
                                            const Plan& plan) {
-  PhaseTimer timer;
   at::Tensor out = output;
   const size_t each = out.numel();
+  // Nothing to move (every rank agreed on the count through the signature header); the fused
+  // cast's source lookup would divide by `each`.
+  if (each == 0) return;
+  PhaseTimer timer;
   const size_t elem = plan.compress ? 2 : out.element_size();
   char* ws = scratch(0, each * elem * size_);
   auto* wire = reinterpret_cast<uint16_t*>(ws);
@@ -327,7 +343,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter_tensor_coalesce
     parts.push_back(inputs[i].contiguous().reshape({-1}).chunk(size_));
   }
   const auto timeout = timeout_of(opts.timeout);
-  return enqueue(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", sigs[0], outputs, timeout, kUntouched,
+  return enqueue(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", coalesced(sigs), outputs, timeout,
+                 kCoalescedFailure,
                  [this, parts, outputs, plans, sigs, timeout](HostWork& work) {
                    for (size_t i = 0; i < parts.size(); ++i) {
                      if (i) {
@@ -366,20 +383,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_coalesced(std::vecto
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
   if (on_cuda(inputs)) return cuda_path("allgather_coalesced").inner().allgather_coalesced(outputs, inputs, opts);
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size() && !inputs.empty(),
-                    "cnccl allgather_coalesced: needs one output list per input, got ", outputs.size(), " and ",
-                    inputs.size());
+  // c10d's layout (gloo's): outputs[r][i] receives rank r's inputs[i].
+  TORCH_CHECK_VALUE(!inputs.empty(), "cnccl allgather_coalesced: no input tensors");
+  TORCH_CHECK_VALUE(int(outputs.size()) == size_, "cnccl allgather_coalesced: expects one output list per rank (",
+                    size_, "), got ", outputs.size());
   std::vector<at::Tensor> flat_outputs;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    checks::host_tensor(inputs[i], "allgather_coalesced");
-    checks::list_like(outputs[i], size_, inputs[i], "allgather_coalesced", "output");
-    stats_.record(inputs[i].nbytes() * size_, inputs[i].nbytes() * size_, false);
-    flat_outputs.insert(flat_outputs.end(), outputs[i].begin(), outputs[i].end());
+  for (const auto& in : inputs) checks::host_tensor(in, "allgather_coalesced");
+  for (int r = 0; r < size_; ++r) {
+    TORCH_CHECK_VALUE(outputs[r].size() == inputs.size(), "cnccl allgather_coalesced: output list ", r, " has ",
+                      outputs[r].size(), " tensors, expected one per input (", inputs.size(), ")");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      checks::host_tensor(outputs[r][i], "allgather_coalesced");
+      checks::same_kind(inputs[i], outputs[r][i], "allgather_coalesced", "output");
+    }
+    flat_outputs.insert(flat_outputs.end(), outputs[r].begin(), outputs[r].end());
+  }
+  std::vector<std::string> sigs;
+  for (const auto& in : inputs) {
+    stats_.record(in.nbytes() * size_, in.nbytes() * size_, false);
+    sigs.push_back(describe(in));
   }
   const auto timeout = timeout_of(opts.timeout);
   auto outs = outputs;
-  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", describe(inputs[0]), flat_outputs, timeout,
-                 kUntouched,
+  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", coalesced(sigs), flat_outputs, timeout,
+                 kCoalescedFailure,
                  [this, inputs, outs, timeout](HostWork& work) mutable {
                    for (size_t i = 0; i < inputs.size(); ++i) {
                      if (i) {
@@ -387,7 +414,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_coalesced(std::vecto
                      }
                      char* ws = scratch(0, inputs[i].nbytes() * size_);
                      run_allgather(inputs[i], ws);
-                     for (int r = 0; r < size_; ++r) unpack(ws + inputs[i].nbytes() * r, outs[i][r]);
+                     for (int r = 0; r < size_; ++r) unpack(ws + inputs[i].nbytes() * r, outs[r][i]);
                    }
                  },
                  int(inputs.size()));
@@ -424,6 +451,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_into_tensor_coalesce
   }
   TORCH_CHECK_VALUE(outputs.size() == inputs.size() && !inputs.empty(),
                     "cnccl allgather_into_tensor_coalesced: needs as many outputs as inputs");
+  std::vector<std::string> sigs;
   for (size_t i = 0; i < inputs.size(); ++i) {
     checks::host_tensor(inputs[i], "allgather_into_tensor_coalesced");
     checks::host_tensor(outputs[i], "allgather_into_tensor_coalesced");
@@ -432,10 +460,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_into_tensor_coalesce
                       "cnccl allgather_into_tensor_coalesced: output ", i, " must be world size x input ", i,
                       " elements of the same dtype");
     stats_.record(outputs[i].nbytes(), outputs[i].nbytes(), false);
+    sigs.push_back(describe(inputs[i]));
   }
   const auto timeout = timeout_of(opts.timeout);
-  return enqueue(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", describe(inputs[0]), outputs, timeout,
-                 kUntouched,
+  return enqueue(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", coalesced(sigs), outputs, timeout,
+                 kCoalescedFailure,
                  [this, outputs, inputs, timeout](HostWork& work) mutable {
                    for (size_t i = 0; i < inputs.size(); ++i) {
                      if (i) {

@@ -118,8 +118,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue(c10d::OpType type, con
       comm_->end();
       executor_->defer([work] { work->complete(); });
     } catch (const std::exception& e) {
-      if (broken_.empty()) broken_ = e.what();
-      const std::string msg = std::string(e.what()) + " (" + on_failure + ")";
+      // c10 errors carry a backtrace in what(): the note goes after the message, not after that.
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      const std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
+      if (broken_.empty()) broken_ = what;
+      const std::string msg = what + " (" + on_failure + ")";
       auto error = std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, uint32_t(__LINE__)}, msg));
       executor_->defer([work, error] { work->fail(error); });
     }

@@ -35,6 +35,8 @@ class ProcessGroupCNCCL : public c10d::Backend {
   const std::string getBackendName() const override { return "cnccl"; }
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
   const Config& config() const { return config_; }
+  // The timeout in force: Options.timeout, which the Python registration sets to the group's.
+  std::chrono::milliseconds timeout() const { return options_->timeout; }
   std::map<std::string, uint64_t> stats() const;
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 

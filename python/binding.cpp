@@ -91,6 +91,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
         d["min_bytes"] = c.min_bytes;
         d["sum_scaling"] = c.sum_scaling == cnccl::SumScaling::kWorld ? "world" : "none";
         d["compress_fp64"] = c.compress_fp64;
+        d["timeout"] = pg.timeout();
         return d;
       }, "The settings in force after defaults, CNCCL_* variables and Options are combined.");
 

@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdio>
+#include <cstring>
 #include <thread>
 
 namespace cnccl::host {
@@ -57,7 +59,14 @@ void Comm::begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout
   seq_ = seq;
   deadline_ = Clock::now() + timeout;
   if (size() == 1) return;
-  const std::string text = std::string(op) + "(" + signature + ")";
+  std::string text = std::string(op) + "(" + signature + ")";
+  if (text.size() >= kHeaderBytes) {
+    // Too long for the header (a coalesced call's list): a hash of the whole text keeps two
+    // different calls from looking alike in the part that fits.
+    char digest[24];
+    std::snprintf(digest, sizeof digest, " ... #%016llx", static_cast<unsigned long long>(fnv1a(text)));
+    text = text.substr(0, kHeaderBytes - 1 - std::strlen(digest)) + digest;
+  }
   header_out_.fill(0);
   text.copy(header_out_.data(), header_out_.size() - 1);
   signature_hash_ = 0;

@@ -1,6 +1,7 @@
 """Registers "cnccl" with torch.distributed. Cheap: the C++ extension loads on first group creation."""
 
 import threading
+import warnings
 
 _lock = threading.Lock()
 _registered = False
@@ -15,6 +16,16 @@ def _create(dist_backend_opts, pg_options):
         options = pg_options
     else:
         raise TypeError(f"cnccl: pg_options must be a cnccl.Options, got {type(pg_options).__name__}")
+    # The group's timeout wins, as torch does for nccl's options: it is what every other backend of
+    # the group (and torch's own checks) use.
+    from torch.distributed.constants import default_pg_timeout
+
+    if options._timeout not in (default_pg_timeout, dist_backend_opts.timeout):
+        warnings.warn(
+            f"cnccl: pg_options timeout {options._timeout} is overridden by the group's timeout "
+            f"{dist_backend_opts.timeout} (pass timeout= to init_process_group/new_group instead)",
+            stacklevel=2,
+        )
     options._timeout = dist_backend_opts.timeout
     options.group_name = dist_backend_opts.group_id or ""
     options.global_ranks_in_group = list(dist_backend_opts.global_ranks_in_group)

@@ -56,7 +56,7 @@ TEST(HostThreads, ManyCollectivesInFlightWaitedFromAnotherThread) {
         lock.unlock();
         work->wait();
         const double want = kWorld * (kWorld - 1) / 2.0 + kWorld * (done % 7);
-        if (tensors[0][0].item<double>() != want) ++wrong;
+        if (!at::equal(tensors[0], at::full_like(tensors[0], want))) ++wrong;
         ++done;
       }
     });
@@ -75,26 +75,38 @@ TEST(HostThreads, ManyCollectivesInFlightWaitedFromAnotherThread) {
 TEST(HostThreads, FutureCallbackRunsACollectiveAndWaitsForIt) {
   // PowerSGD's pattern, nested twice: each callback allreduces on the same group and waits.
   constexpr int kWorld = 2;
-  on_ranks(kWorld, [](int rank, Group pg) {
+  // Rank 1 starts its first allreduce only once rank 0 has attached its callback, so rank 0's
+  // work cannot have completed by then: the callback runs later, on cnccl's executor thread.
+  std::atomic<bool> attached{false};
+  std::atomic<bool> completed_before_attach{false};
+  on_ranks(kWorld, [&](int rank, Group pg) {
     std::vector<at::Tensor> first{at::full({4096}, float(rank + 1))};
-    // Rank 1 comes late, so rank 0's callback is attached before its work completes and runs on
-    // the executor's thread.
-    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (rank == 1) {
+      while (!attached.load()) std::this_thread::yield();
+    }
     auto nested = [pg](float value) {
       std::vector<at::Tensor> t{at::full({4096}, value)};
       pg->allreduce(t)->getFuture()->wait();
+      EXPECT_TRUE(at::equal(t[0], at::full_like(t[0], value * kWorld)));
       return t[0][0].item<float>();
     };
-    auto chained = pg->allreduce(first)->getFuture()->then(
+    auto future = pg->allreduce(first)->getFuture();
+    auto chained = future->then(
         [&, nested](c10::ivalue::Future&) {
           const float inner = nested(nested(1.0f));
           return c10::IValue(first[0][0].item<float>() + inner);
         },
         c10::FloatType::get());
+    if (rank == 0) {
+      completed_before_attach = future->completed();
+      attached = true;
+    }
     chained->wait();
     EXPECT_EQ(chained->value().toDouble(), 3.0 + kWorld * kWorld) << "rank " << rank;
+    EXPECT_TRUE(at::equal(first[0], at::full_like(first[0], 3.0))) << "rank " << rank;
     pg->barrier()->wait();
   });
+  EXPECT_FALSE(completed_before_attach.load()) << "rank 0's work completed before its callback was attached";
 }
 
 TEST(HostThreads, AbortFromAnotherThreadEndsOutstandingWork) {
@@ -102,13 +114,17 @@ TEST(HostThreads, AbortFromAnotherThreadEndsOutstandingWork) {
     if (rank == 1) return;  // never joins: rank 0's work can only end by abort()
     std::vector<at::Tensor> tensors{at::ones({1024})};
     auto work = pg->allreduce(tensors);
-    std::thread aborter([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      pg->abort();
-    });
-    EXPECT_THROW(work->wait(), c10::DistBackendError);
+    std::thread aborter([&] { pg->abort(); });
+    // Rank 1 never joins, so only abort() can end the work: the error must say so.
+    try {
+      work->wait();
+      ADD_FAILURE() << "the work completed without its peer";
+    } catch (const c10::DistBackendError& e) {
+      EXPECT_NE(std::string(e.what()).find("abort() was called"), std::string::npos) << e.what();
+    }
     aborter.join();
     EXPECT_TRUE(work->isCompleted());
+    EXPECT_TRUE(at::equal(tensors[0], at::ones({1024}))) << "an aborted collective changed the caller's tensor";
   });
 }
 

@@ -13,7 +13,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cnccl
-from harness import case
+from harness import case, gloo_group
 from models import Block, train
 
 R = dist.ReduceOp
@@ -43,7 +43,7 @@ class Context:
             "fp64": dist.new_group(backend="cnccl", pg_options=cnccl.Options(compress_fp64=True, min_bytes=0)),
         }
         self.nccl = dist.new_group(backend="nccl")
-        self.gloo = dist.new_group(backend="gloo")  # keeps ranks in step between cases
+        self.gloo = gloo_group()
         self.gen = torch.Generator().manual_seed(7)
 
     def data(self, n, dtype=torch.float32):

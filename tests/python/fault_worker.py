@@ -12,12 +12,14 @@ import torch
 import torch.distributed as dist
 
 import cnccl  # noqa: F401
+from harness import connect_store
 
 
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     victim, kill_at, timeout = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-    dist.init_process_group("cnccl", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
+    dist.init_process_group("cnccl", store=connect_store(), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
     result = {"rank": rank}
     last_ok = time.monotonic()
     try:

@@ -1,14 +1,23 @@
 """Runs many cases inside one multi-process job, so a test module starts its ranks once.
 
 A worker module defines cases with @case; `run_job(module, world_size)` launches the ranks
-(torch.multiprocessing, gloo and cnccl groups over one TCPStore), runs every case on every
-rank, and returns {case name: failure text or None}. A case fails if it fails on any rank.
+(gloo and cnccl groups over one TCPStore), runs every case on every rank, and returns
+{case name: failure text or None}. A case fails if it fails on any rank.
+
+What keeps one job's outcome from depending on anything but its cases:
+- The store's server lives in the launching process on a port the kernel picked (port 0), so no
+  port is found free, released and then raced for.
+- Ranks start with no inherited CNCCL_* or UCX_* variable: only what the test passes applies.
+- After a case fails on any rank, every rank builds its module's Context again (fresh groups), so
+  a group left unusable by one failure does not fail the cases after it. The default group
+  cannot be rebuilt: cases that use it say so by failing with the earlier failure's message.
+- `cached_job` keeps a job's exception as well as its results: a job that timed out is not
+  launched again for each of its parametrized tests.
 """
 
 import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,28 +34,88 @@ def case(fn=None, *, min_world=1):
     return register(fn) if fn is not None else register
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# A case's collectives, cnccl's and gloo's alike, fail after this instead of hanging: a case that
+# fails on some ranks only leaves the others waiting in its next collective.
+CASE_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+def gloo_group():
+    """A gloo group over every rank for a case module's reference computations."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", timeout=CASE_TIMEOUT)
+
+
+def clean_env(**extra):
+    """The caller's environment without cnccl's and UCX's settings (CNCCL_*, UCX_*; the harness's own
+    CNCCL_TEST_* stay), plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith("CNCCL_TEST_") or not k.startswith(("CNCCL_", "UCX_"))}
+    env.update(extra)
+    return env
+
+
+def store_server(world_size):
+    """A TCPStore server on a port the kernel chose; ranks connect with `connect_store`."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=300))
+
+
+def connect_store():
+    import torch.distributed as dist
+
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=datetime.timedelta(seconds=300))
+
+
+def launch(script_args, world_size, env, out):
+    """Starts the ranks of `python script_args...` against a store this process holds; returns
+    (store, processes). Keep the store alive until the ranks have exited."""
+    store = store_server(world_size)
+    procs = []
+    for rank in range(world_size):
+        e = clean_env(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(store.port), CNCCL_TEST_OUT=out, OMP_NUM_THREADS="1", **(env or {}))
+        procs.append(subprocess.Popen([sys.executable, *script_args], env=e,
+                                      cwd=os.path.dirname(os.path.abspath(__file__))))
+    return store, procs
+
+
+def wait_all(procs, timeout):
+    """Exit codes of every process; kills whatever is left when the first wait times out."""
+    try:
+        return [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+_JOBS = {}
+
+
+def cached_job(module, world_size, **kwargs):
+    """run_job once per (module, world_size); later calls return its results or raise its error."""
+    key = (module, world_size)
+    if key not in _JOBS:
+        try:
+            _JOBS[key] = (run_job(module, world_size, **kwargs), None)
+        except Exception as e:  # noqa: BLE001 - kept and raised again for every test of this job
+            _JOBS[key] = (None, e)
+    results, error = _JOBS[key]
+    if error is not None:
+        raise error
+    return results
 
 
 def run_job(module, world_size, timeout=900, env=None):
     """Starts `world_size` ranks of `python -m harness module` and returns the merged results."""
     out = tempfile.mkdtemp(prefix="cnccl-test-")
-    port = free_port()
-    procs = []
-    for rank in range(world_size):
-        e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                 MASTER_PORT=str(port), CNCCL_TEST_OUT=out, OMP_NUM_THREADS="1", **(env or {}))
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), module], env=e,
-                                      cwd=os.path.dirname(os.path.abspath(__file__))))
-    try:
-        codes = [p.wait(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    store, procs = launch([os.path.abspath(__file__), module], world_size, env, out)
+    codes = wait_all(procs, timeout)
+    del store
     results = {}
     for rank in range(world_size):
         path = os.path.join(out, f"rank{rank}.json")
@@ -78,10 +147,13 @@ def _worker(module):
 
     import cnccl  # noqa: F401
 
+    import torch
+
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    # A case that fails on some ranks only leaves the others waiting in its next collective: a
-    # short group timeout turns that into errors instead of a hung suite.
-    dist.init_process_group("cnccl", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("cnccl", store=connect_store(), rank=rank, world_size=world, timeout=CASE_TIMEOUT)
+    # The harness's own group, which keeps ranks in step between cases: it outwaits the ranks that
+    # are still failing their case's collectives one timeout at a time.
+    steps = dist.new_group(backend="gloo", timeout=10 * CASE_TIMEOUT)
     mod = importlib.import_module(module)
     ctx = mod.Context(rank, world) if hasattr(mod, "Context") else None
     results = {}
@@ -95,8 +167,10 @@ def _worker(module):
             results[name] = None
         except Exception:  # noqa: BLE001 - every failure is reported, then the next case runs
             results[name] = traceback.format_exc(limit=6)
-        # Keep ranks in step even when a case failed on one of them.
-        dist.barrier(group=ctx.gloo if ctx is not None else None)
+        failed = torch.tensor([results[name] is not None], dtype=torch.int32)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=steps)
+        if failed.item() and ctx is not None:
+            ctx = mod.Context(rank, world)
     with open(os.path.join(os.environ["CNCCL_TEST_OUT"], f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()

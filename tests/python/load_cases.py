@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import cnccl
-from harness import case
+from harness import case, gloo_group
 
 R = dist.ReduceOp
 TOTAL, WARMUP, BATCH = 10_000, 1_000, 8
@@ -24,7 +24,7 @@ MAX_ELEMS = (8 << 20) // 4
 class Context:
     def __init__(self, rank, world):
         self.rank, self.world = rank, world
-        self.gloo = dist.new_group(backend="gloo")
+        self.gloo = gloo_group()
         self.groups = [dist.group.WORLD, dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="bf16")),
                        dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="none"))]
 

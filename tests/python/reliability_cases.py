@@ -4,13 +4,14 @@ Each case makes its own groups: a group that failed is unusable afterwards, by d
 """
 
 import datetime
+import re
 import time
 
 import torch
 import torch.distributed as dist
 
 import cnccl
-from harness import case
+from harness import case, gloo_group
 
 R = dist.ReduceOp
 
@@ -18,7 +19,7 @@ R = dist.ReduceOp
 class Context:
     def __init__(self, rank, world):
         self.rank, self.world = rank, world
-        self.gloo = dist.new_group(backend="gloo")  # keeps ranks in step between cases
+        self.gloo = gloo_group()
 
     def group(self, timeout=30, **options):
         return dist.new_group(backend="cnccl", timeout=datetime.timedelta(seconds=timeout),
@@ -36,44 +37,79 @@ def expect_failure(fn, *fragments):
     raise AssertionError(f"no error (expected one mentioning {fragments})")
 
 
-def disagreement(ctx, mine, odd, both, **options):
-    """Rank 1 runs `odd`, the others `mine`; every rank must fail naming both sides, quickly,
-    and leave its tensor as it was."""
-    g = ctx.group(**options)
-    t = torch.arange(1000, dtype=torch.float32)
+# Disagreements are found from the signature headers, at once; the timeout path would take the
+# whole group timeout. A window of half the timeout tells the two apart on any loaded machine.
+DISAGREEMENT_TIMEOUT = 60
+
+
+def disagreement(ctx, mine, odd, both, odd_rank=1, **options):
+    """Rank `odd_rank` runs `odd`, the others `mine`; every rank must fail naming both sides,
+    well before the timeout, and leave its tensor as it was."""
+    g = ctx.group(timeout=DISAGREEMENT_TIMEOUT, **options)
+    t = torch.arange(1 << 14, dtype=torch.float32)
     kept = t.clone()
     start = time.monotonic()
-    fn = odd if ctx.rank == 1 else mine
+    fn = odd if ctx.rank == odd_rank else mine
     msg = expect_failure(lambda: fn(t, g), "ranks disagree", *both)
-    assert time.monotonic() - start < 10, "took the timeout path, not the header check"
-    assert "were not modified" in msg, msg
+    elapsed = time.monotonic() - start
+    assert elapsed < DISAGREEMENT_TIMEOUT / 2, f"took {elapsed:.1f}s: the timeout path, not the header check"
+    assert "not modified" in msg, msg
     assert torch.equal(t, kept), "a failed collective changed the caller's tensor"
     dist.destroy_process_group(g)
 
 
+def each_odd_rank(ctx, mine, odd, both, **options):
+    """The disagreement with rank 1 as the odd one, then rank 0 (which also leads the ring)."""
+    for odd_rank in (1, 0):
+        disagreement(ctx, mine, odd, both, odd_rank, **options)
+
+
 @case(min_world=2)
 def disagreeing_element_counts(ctx):
-    disagreement(ctx, lambda t, g: dist.all_reduce(t, group=g), lambda t, g: dist.all_reduce(t[:999], group=g),
-                 ["allreduce(1000 x Float", "allreduce(999 x Float"])
+    each_odd_rank(ctx, lambda t, g: dist.all_reduce(t, group=g), lambda t, g: dist.all_reduce(t[:999], group=g),
+                  ["allreduce(16384 x Float", "allreduce(999 x Float"])
 
 
 @case(min_world=2)
 def disagreeing_dtypes_of_equal_size(ctx):
-    disagreement(ctx, lambda t, g: dist.all_reduce(t, group=g),
-                 lambda t, g: dist.all_reduce(t.view(torch.int32), group=g),
-                 ["1000 x Float", "1000 x Int"])
+    each_odd_rank(ctx, lambda t, g: dist.all_reduce(t, group=g),
+                  lambda t, g: dist.all_reduce(t.view(torch.int32), group=g),
+                  ["16384 x Float", "16384 x Int"])
 
 
 @case(min_world=2)
 def disagreeing_ops(ctx):
-    disagreement(ctx, lambda t, g: dist.all_reduce(t, op=R.SUM, group=g),
-                 lambda t, g: dist.all_reduce(t, op=R.MAX, group=g), ["SUM", "MAX"], min_bytes=0)
+    each_odd_rank(ctx, lambda t, g: dist.all_reduce(t, op=R.SUM, group=g),
+                  lambda t, g: dist.all_reduce(t, op=R.MAX, group=g), ["SUM", "MAX"], min_bytes=0)
 
 
 @case(min_world=2)
 def disagreeing_collectives(ctx):
-    disagreement(ctx, lambda t, g: dist.all_reduce(t, group=g), lambda t, g: dist.broadcast(t, 0, group=g),
-                 ["allreduce(1000 x Float", "broadcast(1000 x Float"])
+    each_odd_rank(ctx, lambda t, g: dist.all_reduce(t, group=g), lambda t, g: dist.broadcast(t, 0, group=g),
+                  ["allreduce(16384 x Float", "broadcast(16384 x Float"])
+
+
+def reduce_scatter_into(t, g, each):
+    out = t[:each].clone()
+    dist.reduce_scatter_tensor(out, t[:each * dist.get_world_size(g)].clone(), group=g)
+    t[:each] = out
+
+
+@case(min_world=2)
+def disagreeing_reduce_scatter(ctx):
+    each_odd_rank(ctx, lambda t, g: reduce_scatter_into(t, g, 1000), lambda t, g: reduce_scatter_into(t, g, 999),
+                  ["reduce_scatter_tensor(", "x Float"], min_bytes=0)
+
+
+def coalesced_allreduce(t, g, second):
+    cnccl.backend(g).allreduce_coalesced([t[:8192], t[8192:8192 + second]], dist.AllreduceCoalescedOptions()).wait()
+
+
+@case(min_world=2)
+def disagreeing_coalesced_calls_fail_before_writing_any_tensor(ctx):
+    """The first tensors agree, the second ones do not: nothing may be written, the first included."""
+    each_odd_rank(ctx, lambda t, g: coalesced_allreduce(t, g, 4000), lambda t, g: coalesced_allreduce(t, g, 3000),
+                  ["allreduce_coalesced(2 tensors", "4000 x Float", "3000 x Float"], min_bytes=0)
 
 
 @case(min_world=2)
@@ -82,36 +118,49 @@ def disagreeing_wire_settings(ctx):
     g = ctx.group(wire_dtype="bf16" if ctx.rank == 1 else "fp16", min_bytes=0)
     t = torch.ones(1 << 16)
     expect_failure(lambda: dist.all_reduce(t, group=g), "ranks disagree", "fp16 wire", "bf16 wire")
+    assert torch.equal(t, torch.ones(1 << 16))
     dist.destroy_process_group(g)
 
 
 @case(min_world=2)
 def rank_that_never_arrives_times_out_naming_the_collective(ctx):
-    g = ctx.group(timeout=2)
-    if ctx.rank == 0:
-        start = time.monotonic()
-        msg = expect_failure(lambda: dist.all_reduce(torch.ones(10), group=g), "allreduce", "seq", "timed out",
-                             "group '")
-        elapsed = time.monotonic() - start
-        assert 1.5 < elapsed < 10, f"failed after {elapsed:.1f}s with a 2s timeout: {msg}"
-        # The group stays unusable and says why, without waiting again.
-        expect_failure(lambda: dist.all_reduce(torch.ones(10), group=g), "unusable after an earlier failure")
-    dist.destroy_process_group(g)
+    """Rank 0 alone calls the collective: it fails after the group's timeout (not before), naming
+    the collective, the group and a peer it waited on, and leaves its tensor as it was."""
+    timeout = 3
+    for n in (10, 1 << 20):  # direct and ring algorithms
+        g = ctx.group(timeout=timeout)
+        if ctx.rank == 0:
+            t = torch.full((n,), 5.0)
+            start = time.monotonic()
+            msg = expect_failure(lambda: dist.all_reduce(t, group=g), "allreduce", "seq", "timed out", "group '",
+                                 "[peer rank ", "not modified")
+            elapsed = time.monotonic() - start
+            peer = int(re.search(r"\[peer rank (\d+)\]", msg).group(1))
+            assert 0 < peer < ctx.world, msg
+            assert torch.equal(t, torch.full((n,), 5.0)), "a timed-out collective changed the caller's tensor"
+            # Not before the timeout; the upper end only says it did not hang (machines here are shared).
+            assert timeout <= elapsed + 0.05 and elapsed < 20 * timeout, f"failed after {elapsed:.1f}s: {msg}"
+            # The group stays unusable and says why, without waiting again.
+            expect_failure(lambda: dist.all_reduce(t, group=g), "unusable after an earlier failure")
+        dist.destroy_process_group(g)
 
 
 def ends_outstanding_work(ctx, stop, word):
-    """Rank 0 issues works its peers never join; stop(group) must end each with an error."""
-    g = ctx.group(timeout=60)
+    """Rank 0 issues works its peers never join (each queued or waiting on peers, whichever the
+    executor reached); stop(group) must end every one with an error naming the cause, long before
+    the group's timeout, and leave the tensors alone."""
+    timeout = 60
+    g = ctx.group(timeout=timeout)
     if ctx.rank == 0:
-        works = [dist.all_reduce(torch.ones(100), group=g, async_op=True) for _ in range(3)]
-        time.sleep(0.2)
+        tensors = [torch.full((100,), 3.0) for _ in range(3)]
+        works = [dist.all_reduce(t, group=g, async_op=True) for t in tensors]
         start = time.monotonic()
         stop(g)
         for w in works:
             expect_failure(w.wait, word)
-        assert time.monotonic() - start < 5, f"{word} did not end the outstanding works promptly"
-    else:
-        time.sleep(0.5)
+        elapsed = time.monotonic() - start
+        assert elapsed < timeout / 2, f"{word} took {elapsed:.1f}s to end the outstanding works"
+        assert all(torch.equal(t, torch.full((100,), 3.0)) for t in tensors)
 
 
 @case(min_world=2)

@@ -1,19 +1,16 @@
 """Every collective on CPU tensors against gloo, world sizes 1 to 4 (one job per world size)."""
 
-import functools
-
 import pytest
 
 import collectives_cases  # noqa: F401 - registers the cases
-from harness import CASES, check_case, run_job
+from harness import CASES, check_case, cached_job
 
 WORLD_SIZES = [1, 2, 3, 4]
 NAMES = sorted(n for n, (fn, _) in CASES.items() if fn.__module__ == "collectives_cases")
 
 
-@functools.lru_cache(maxsize=None)
 def job(world_size):
-    return run_job("collectives_cases", world_size)
+    return cached_job("collectives_cases", world_size)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

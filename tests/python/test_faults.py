@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from harness import free_port
+from harness import launch, wait_all
 
 TIMEOUT = 5.0  # the group's timeout, seconds
 
@@ -17,20 +17,11 @@ TIMEOUT = 5.0  # the group's timeout, seconds
 @pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 2), (3, 0)])
 def test_sigkilled_peer(world_size, victim):
     out = tempfile.mkdtemp(prefix="cnccl-faults-")
-    port = free_port()
     here = os.path.dirname(os.path.abspath(__file__))
-    procs = []
-    for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), CNCCL_TEST_OUT=out, OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, os.path.join(here, "fault_worker.py"), str(victim), "20",
-                                       str(TIMEOUT)], env=env, cwd=here))
-    try:
-        codes = [p.wait(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    store, procs = launch([os.path.join(here, "fault_worker.py"), str(victim), "20", str(TIMEOUT)], world_size, {},
+                          out)
+    codes = wait_all(procs, 120)
+    del store
     assert codes[victim] == -9, f"the victim should have died of SIGKILL, exit codes {codes}"
     for rank in range(world_size):
         if rank == victim:

@@ -4,29 +4,29 @@ Each job's rank 0 writes what it measured (maximum differences, accuracy distanc
 set CNCCL_PARITY_REPORT_DIR to keep them (parity-ws2.jsonl, parity-ws4.jsonl).
 """
 
-import functools
 import os
 import tempfile
 
 import pytest
 
 import parity_cases  # noqa: F401 - registers the cases
-from harness import CASES, check_case, run_job
+from harness import CASES, check_case, cached_job
 
 NAMES = sorted(n for n, (fn, _) in CASES.items() if fn.__module__ == "parity_cases")
+WORLD_SIZES = [2, 4]
+REPORT_DIR = os.environ.get("CNCCL_PARITY_REPORT_DIR") or tempfile.mkdtemp(prefix="cnccl-parity-")
+os.makedirs(REPORT_DIR, exist_ok=True)
+for _ws in WORLD_SIZES:  # the jobs append: start from empty reports
+    if os.path.exists(os.path.join(REPORT_DIR, f"parity-ws{_ws}.jsonl")):
+        os.remove(os.path.join(REPORT_DIR, f"parity-ws{_ws}.jsonl"))
 
 
-@functools.lru_cache(maxsize=None)
 def job(world_size):
-    folder = os.environ.get("CNCCL_PARITY_REPORT_DIR") or tempfile.mkdtemp(prefix="cnccl-parity-")
-    os.makedirs(folder, exist_ok=True)
-    report = os.path.join(folder, f"parity-ws{world_size}.jsonl")
-    if os.path.exists(report):
-        os.remove(report)
-    return run_job("parity_cases", world_size, env={"CNCCL_TEST_REPORT": report})
+    return cached_job("parity_cases", world_size,
+                      env={"CNCCL_TEST_REPORT": os.path.join(REPORT_DIR, f"parity-ws{world_size}.jsonl")})
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", NAMES)
 def test_parity(name, world_size):
     check_case(job(world_size), name, world_size)

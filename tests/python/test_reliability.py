@@ -1,18 +1,15 @@
 """Disagreeing ranks, timeouts, abort and shutdown on the host path (one job per world size)."""
 
-import functools
-
 import pytest
 
 import reliability_cases  # noqa: F401 - registers the cases
-from harness import CASES, check_case, run_job
+from harness import CASES, check_case, cached_job
 
 NAMES = sorted(n for n, (fn, _) in CASES.items() if fn.__module__ == "reliability_cases")
 
 
-@functools.lru_cache(maxsize=None)
 def job(world_size):
-    return run_job("reliability_cases", world_size, timeout=600)
+    return cached_job("reliability_cases", world_size, timeout=600)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
