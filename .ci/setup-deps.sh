@@ -20,7 +20,7 @@ fi
 have_torch=$(TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
 py_pkgs=()
 [[ "$have_torch" == "$TORCH_VERSION" ]] || py_pkgs+=("torch==$TORCH_VERSION")
-for m in pytest numpy matplotlib; do
+for m in pytest numpy matplotlib expecttest; do
   "$PY" -c "import $m" 2>/dev/null || py_pkgs+=("$m")
 done
 if ((${#py_pkgs[@]})); then

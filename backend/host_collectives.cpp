@@ -16,8 +16,7 @@ namespace {
 
 constexpr const char* kUntouched = "the caller's tensors were not modified";
 constexpr const char* kOutputsUndefined = "output tensors may be partially written; inputs were not modified";
-// Each tensor of a coalesced call is written once its own part completes; ranks that disagree on
-// any part fail before the first is written (see coalesced()).
+// Each tensor of a coalesced call is written once its own part completes (see coalesced()).
 constexpr const char* kCoalescedFailure =
     "tensors of this coalesced call before the one that failed may already hold their results; the others were "
     "not modified";

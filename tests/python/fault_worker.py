@@ -27,10 +27,17 @@ def main():
             if rank == victim and i == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             t = torch.full((1 << 16,), float(rank))
-            works = [dist.all_reduce(t, async_op=True), dist.broadcast(torch.ones(1000), 0, async_op=True)]
-            for w in works:
-                w.wait()
-            assert t[0].item() == sum(range(world)), t[0].item()
+            b = torch.full((1000,), float(rank + 10))
+            works = [(dist.all_reduce(t, async_op=True), t, float(rank)),
+                     (dist.broadcast(b, 0, async_op=True), b, float(rank + 10))]
+            for w, tensor, before in works:
+                try:
+                    w.wait()
+                except dist.DistBackendError:
+                    # The collective that failed must have left its tensor as it was.
+                    result["failed_tensor_unmodified"] = bool(torch.all(tensor == before))
+                    raise
+            assert torch.all(t == sum(range(world))) and torch.all(b == 10.0), (t[0].item(), b[0].item())
             last_ok = time.monotonic()
         result["error"] = None
     except dist.DistBackendError as e:

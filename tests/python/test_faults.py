@@ -3,8 +3,7 @@ DistBackendError within the group's timeout, and destroy_process_group() returns
 
 import json
 import os
-import subprocess
-import sys
+import re
 import tempfile
 
 import pytest
@@ -31,6 +30,12 @@ def test_sigkilled_peer(world_size, victim):
             result = json.load(f)
         assert result["error"], f"rank {rank} saw no error: {result}"
         assert "cnccl" in result["error"] and "seq" in result["error"], result
-        # Rank 0 also hosts the store: when it is the victim, survivors may fail in the store first.
+        # The peer it waited on: the victim itself, or (at 3 ranks) a survivor stuck behind it.
+        peer = re.search(r"\[peer rank (\d+)\]|rank (\d+) reported", result["error"])
+        assert peer and int(peer.group(1) or peer.group(2)) != rank, result
+        if world_size == 2:
+            assert f"[peer rank {victim}]" in result["error"], result
+        assert result["failed_tensor_unmodified"], result
+        # The group's timeout, plus slack for a loaded machine (the store lives in this process).
         assert result["seconds_to_error"] < TIMEOUT + 5, result
         assert result["destroy_seconds"] < 15, result

@@ -98,3 +98,12 @@ dist.destroy_process_group()
     assert out.count("eager: ProcessGroupNCCL is only supported with GPUs, no GPUs found!") == 2, out
     assert "tensor: Found no NVIDIA driver on your system" in out, out
     assert "cpu still works: [1.0, 1.0, 1.0, 1.0]" in out, out
+
+
+def test_build_info_reports_the_codec_this_processor_runs():
+    """The vector kernels where the processor has AVX2 and F16C, the scalar ones elsewhere (each is
+    tested bit for bit by test_codec, forced one by one)."""
+    with open("/proc/cpuinfo") as f:
+        flags = set(next(line for line in f if line.startswith("flags")).split(":")[1].split())
+    expected = "avx2+f16c" if {"avx2", "f16c"} <= flags else "scalar"
+    assert cnccl.build_info()["cpu_codec"] == expected, (cnccl.build_info(), sorted(flags & {"avx2", "f16c"}))
