@@ -143,11 +143,10 @@ def check_case(results, name, world_size):
 def _worker(module):
     import importlib
 
+    import torch
     import torch.distributed as dist
 
     import cnccl  # noqa: F401
-
-    import torch
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("cnccl", store=connect_store(), rank=rank, world_size=world, timeout=CASE_TIMEOUT)
