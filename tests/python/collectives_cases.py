@@ -15,13 +15,13 @@ import torch.distributed as dist
 
 import cnccl
 from harness import CASE_TIMEOUT, case, gloo_group
+from wire_formats import HALF_SUBNORMAL_STEP, UNIT, WIRE_DTYPE
 
 R = dist.ReduceOp
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int32, torch.int64, torch.uint8, torch.int8]
 DTYPES = FLOATS + INTS + [torch.bool, torch.complex64]
 SIZES = [0, 1, 7, 1000, 70_001]
-UNIT = {"fp16": 2.0**-11, "bf16": 2.0**-8}  # unit roundoff of the wire format
 TIMEOUT = CASE_TIMEOUT
 
 
@@ -99,8 +99,6 @@ def op_of(op, factor):
     return dist._make_nccl_premul_sum(factor) if op == R.PREMUL_SUM else op
 
 
-WIRE_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
-HALF_SUBNORMAL_STEP = {"fp16": 2.0**-25, "bf16": 2.0**-134}
 
 
 def wire_bound(inputs, scale, wire, world, post=1.0):
@@ -122,7 +120,7 @@ def wire_bound(inputs, scale, wire, world, post=1.0):
 UNIT_OF = {torch.float32: 2.0**-24, torch.complex64: 2.0**-24, torch.float64: 2.0**-53, torch.complex128: 2.0**-53}
 
 
-def fp32_bound(inputs, scale, unit=2.0**-24):
+def scaled_sum_bound(inputs, scale, unit=2.0**-24):
     """|result - exact| for an uncompressed scaled sum in the inputs' own precision (unit roundoff
     `unit`: 2^-24 for fp32): each x·scale rounds once, each of the P-1 adds once (of a partial sum,
     at most (1+unit)^P·Σ|x·scale|). Complex inputs: per real and imaginary part."""
@@ -181,7 +179,7 @@ def allreduce_exact_every_dtype_op_size(ctx):
                     inputs = ctx.all_inputs(x)
                     real = (lambda v: torch.view_as_real(v)) if dtype.is_complex else (lambda v: v)
                     err = (real(t).double() - real(ref).double()).abs()
-                    assert (err <= fp32_bound(inputs, 1 / ctx.world, UNIT_OF[dtype])).all(), f"{dtype} AVG n={n}"
+                    assert (err <= scaled_sum_bound(inputs, 1 / ctx.world, UNIT_OF[dtype])).all(), f"{dtype} AVG n={n}"
                     continue
                 assert torch.equal(t, expected), f"{dtype} {op} n={n}: {t[:5]} != {expected[:5]}"
 
@@ -251,7 +249,7 @@ def overflow_safe_sum_scaling(ctx):
     P = ctx.world
     n = P * (1 << 12)
     for what, run in [("allreduce", lambda t, g: dist.all_reduce(t, group=g) or t),
-                      ("reduce_scatter", lambda t, g: rs(t, g))]:
+                      ("reduce_scatter", lambda t, g: reduce_scatter_of(t, g))]:
         x = torch.full((n,), 60000.0)
         t = run(x.clone(), ctx.groups["world-sum"])
         assert torch.isfinite(t).all(), what
@@ -263,7 +261,7 @@ def overflow_safe_sum_scaling(ctx):
             assert torch.isinf(u).all(), f"{what}: without the option, 60000*world overflows fp16"
 
 
-def rs(x, group):
+def reduce_scatter_of(x, group):
     out = torch.empty(x.numel() // dist.get_world_size(group))
     dist.reduce_scatter_tensor(out, x, group=group)
     return out
@@ -275,7 +273,7 @@ def fp64_compressed_only_when_asked(ctx):
     inputs = ctx.all_inputs(x)
     a, b = x.clone(), x.clone()
     dist.all_reduce(a, group=ctx.groups["fp16-all"])
-    assert ((a - reference(inputs, R.SUM)).abs() <= fp32_bound(inputs, 1.0, 2.0**-53)).all(), "fp64 must pass through"
+    assert ((a - reference(inputs, R.SUM)).abs() <= scaled_sum_bound(inputs, 1.0, 2.0**-53)).all(), "fp64 must pass through"
     assert not torch.equal(a, a.float().double()), "fp64 travelled through a narrower type"
     dist.all_reduce(b, group=ctx.groups["fp64"])
     assert b.dtype == torch.float64
@@ -381,7 +379,7 @@ def reduce_scatter_tensor_and_list(ctx):
                     mine = [i[ctx.rank * each:(ctx.rank + 1) * each] for i in inputs]
                     if wire is None:
                         # Small integers: SUM, MIN and MAX are exact; AVG and PREMUL_SUM scale in fp32.
-                        bound = fp32_bound(mine, scale) if scale != 1.0 else 0
+                        bound = scaled_sum_bound(mine, scale) if scale != 1.0 else 0
                         assert ((got.double() - ref).abs() <= bound).all(), what
                     else:
                         assert_on_wire(got, mine, scale, wire, P, op, what)
@@ -447,7 +445,7 @@ def coalesced_forms_on_cpu(ctx):
     assert_on_wire(outs[0], mine, 1 / P, "fp16", P, what="reduce_scatter_tensor_coalesced[0]")
     mine = [x.chunk(P)[ctx.rank] for x in ctx.all_inputs(ins[1])]
     exact = reference(mine, R.AVG)
-    assert ((outs[1].double() - exact).abs() <= fp32_bound(mine, 1 / P)).all(), "uncompressed AVG part"
+    assert ((outs[1].double() - exact).abs() <= scaled_sum_bound(mine, 1 / P)).all(), "uncompressed AVG part"
 
     ins = [big.clone(), ints.clone()]
     outs = [torch.empty(P * x.numel(), dtype=x.dtype) for x in ins]

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cnccl
 from harness import CASE_TIMEOUT, case, gloo_group
+from wire_formats import HALF_SUBNORMAL_STEP, UNIT
 from models import MLP, Block, train
 
 SEED_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
@@ -74,8 +75,6 @@ def max_diff(a, b):
     return max(((x.double() - y.double()).abs().max().item() for x, y in zip(a, b) if x is not None), default=0.0)
 
 
-UNIT = {"fp16": 2.0**-11, "bf16": 2.0**-8}  # unit roundoff of the wire
-HALF_SUBNORMAL_STEP = {"fp16": 2.0**-25, "bf16": 2.0**-134}
 
 
 def local_gradient_magnitude(ctx, net, micro_batches):
