@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "backend/checks.h"
-#include "backend/cuda/cuda_path.h"
+#include "backend/composed/composition.h"
 #include "backend/host/algorithms.h"
 #include "backend/host/comm.h"
 #include "backend/process_group.h"
@@ -197,19 +197,20 @@ void ProcessGroupCNCCL::run_allreduce(const at::Tensor& tensor, const Plan& plan
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
-  if (on_cuda(tensors)) return cuda_path("allreduce").allreduce(tensors, opts);
+  if (auto* c = cuda_for(tensors, "allreduce")) return c->allreduce(tensors, opts);
   const at::Tensor& t = checks::single(tensors, "allreduce");
   const Plan plan = plan_reduction(config_, t.scalar_type(), t.nbytes(), opts.reduceOp.op_,
                                    premul_factor(opts.reduceOp), size_);
   stats_.record(t.nbytes(), plan.compress ? t.numel() * 2 : t.nbytes(), plan.compress);
-  return enqueue(c10d::OpType::ALLREDUCE, "allreduce", describe(t, plan, opts.reduceOp.op_), tensors,
-                 timeout_of(opts.timeout), kUntouched,
-                 [this, t, plan](HostWork&) { run_allreduce(t, plan); });
+  return enqueue(
+      c10d::OpType::ALLREDUCE, "allreduce", describe(t, plan, opts.reduceOp.op_), tensors, timeout_of(opts.timeout),
+      kUntouched, [=, this]() mutable { return cpu_composed_->allreduce(tensors, opts); },
+      [this, t, plan](HostWork&) { run_allreduce(t, plan); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                       const c10d::AllreduceCoalescedOptions& opts) {
-  if (on_cuda(tensors)) return cuda_path("allreduce_coalesced").allreduce_coalesced(tensors, opts);
+  if (auto* c = cuda_for(tensors, "allreduce_coalesced")) return c->allreduce_coalesced(tensors, opts);
   TORCH_CHECK_VALUE(!tensors.empty(), "cnccl allreduce_coalesced: no tensors");
   std::vector<Plan> plans;
   std::vector<std::string> sigs;
@@ -221,15 +222,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allreduce_coalesced(std::vecto
     stats_.record(t.nbytes(), plans.back().compress ? t.numel() * 2 : t.nbytes(), plans.back().compress);
   }
   const auto timeout = timeout_of(opts.timeout);
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", coalesced(sigs), tensors, timeout,
-                 kCoalescedFailure,
-                 [this, tensors, plans, sigs, timeout](HostWork& work) {
-                   for (size_t i = 0; i < tensors.size(); ++i) {
-                     if (i) comm_->begin("allreduce_coalesced", work.getSequencenumber() + i, timeout, sigs[i]);
-                     run_allreduce(tensors[i], plans[i]);
-                   }
-                 },
-                 int(tensors.size()));
+  return enqueue(
+      c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", coalesced(sigs), tensors, timeout, kCoalescedFailure,
+      [=, this]() mutable { return cpu_composed_->allreduce_coalesced(tensors, opts); },
+      [this, tensors, plans, sigs, timeout](HostWork& work) {
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          if (i) comm_->begin("allreduce_coalesced", work.getSequencenumber() + i, timeout, sigs[i]);
+          run_allreduce(tensors[i], plans[i]);
+        }
+      },
+      int(tensors.size()));
 }
 
 void ProcessGroupCNCCL::run_reduce_scatter(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
@@ -284,7 +286,7 @@ void ProcessGroupCNCCL::run_reduce_scatter(const std::vector<at::Tensor>& inputs
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
-  if (on_cuda(outputs)) return cuda_path("reduce_scatter").reduce_scatter(outputs, inputs, opts);
+  if (auto* c = cuda_for(outputs, "reduce_scatter")) return c->reduce_scatter(outputs, inputs, opts);
   const at::Tensor& out = checks::single(outputs, "reduce_scatter");
   TORCH_CHECK_VALUE(inputs.size() == 1, "cnccl reduce_scatter: expects one input list, got ", inputs.size());
   checks::list_like(inputs[0], size_, out, "reduce_scatter", "input");
@@ -293,14 +295,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter(std::vector<at:
                                    premul_factor(opts.reduceOp), size_);
   stats_.record(nbytes, plan.compress ? out.numel() * size_ * 2 : nbytes, plan.compress);
   std::vector<at::Tensor> ins = inputs[0];
-  return enqueue(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", describe(out, plan, opts.reduceOp.op_), outputs,
-                 timeout_of(opts.timeout), kUntouched,
-                 [this, ins, out, plan](HostWork&) { run_reduce_scatter(ins, out, plan); });
+  return enqueue(
+      c10d::OpType::REDUCE_SCATTER, "reduce_scatter", describe(out, plan, opts.reduceOp.op_), outputs,
+      timeout_of(opts.timeout), kUntouched,
+      [=, this]() mutable { return cpu_composed_->reduce_scatter(outputs, inputs, opts); },
+      [this, ins, out, plan](HostWork&) { run_reduce_scatter(ins, out, plan); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
-  if (on_cuda(output)) return cuda_path("reduce_scatter_tensor").reduce_scatter_tensor(output, input, opts);
+  if (auto* c = cuda_for(output, "reduce_scatter_tensor")) return c->reduce_scatter_tensor(output, input, opts);
   checks::host_tensor(output, "reduce_scatter_tensor");
   checks::host_tensor(input, "reduce_scatter_tensor");
   TORCH_CHECK_TYPE(input.scalar_type() == output.scalar_type(), "cnccl reduce_scatter_tensor: input dtype ",
@@ -311,15 +315,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::_reduce_scatter_base(at::Tenso
                                    premul_factor(opts.reduceOp), size_);
   stats_.record(input.nbytes(), plan.compress ? input.numel() * 2 : input.nbytes(), plan.compress);
   std::vector<at::Tensor> parts = input.contiguous().reshape({-1}).chunk(size_);
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", describe(input, plan, opts.reduceOp.op_),
-                 {output}, timeout_of(opts.timeout), kUntouched,
-                 [this, parts, output, plan](HostWork&) { run_reduce_scatter(parts, output, plan); });
+  return enqueue(
+      c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", describe(input, plan, opts.reduceOp.op_), {output},
+      timeout_of(opts.timeout), kUntouched,
+      [=, this]() mutable { return cpu_composed_->reduce_scatter_tensor(output, input, opts); },
+      [this, parts, output, plan](HostWork&) { run_reduce_scatter(parts, output, plan); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  if (on_cuda(outputs)) {
-    return cuda_path("reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  if (auto* c = cuda_for(outputs, "reduce_scatter_tensor_coalesced")) {
+    return c->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   }
   TORCH_CHECK_VALUE(outputs.size() == inputs.size() && !inputs.empty(),
                     "cnccl reduce_scatter_tensor_coalesced: needs as many outputs as inputs, got ", outputs.size(),
@@ -342,17 +348,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce_scatter_tensor_coalesce
     parts.push_back(inputs[i].contiguous().reshape({-1}).chunk(size_));
   }
   const auto timeout = timeout_of(opts.timeout);
-  return enqueue(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", coalesced(sigs), outputs, timeout,
-                 kCoalescedFailure,
-                 [this, parts, outputs, plans, sigs, timeout](HostWork& work) {
-                   for (size_t i = 0; i < parts.size(); ++i) {
-                     if (i) {
-                       comm_->begin("reduce_scatter_tensor_coalesced", work.getSequencenumber() + i, timeout, sigs[i]);
-                     }
-                     run_reduce_scatter(parts[i], outputs[i], plans[i]);
-                   }
-                 },
-                 int(inputs.size()));
+  return enqueue(
+      c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", coalesced(sigs), outputs, timeout, kCoalescedFailure,
+      [=, this]() mutable { return cpu_composed_->reduce_scatter_tensor_coalesced(outputs, inputs, opts); },
+      [this, parts, outputs, plans, sigs, timeout](HostWork& work) {
+        for (size_t i = 0; i < parts.size(); ++i) {
+          if (i) {
+            comm_->begin("reduce_scatter_tensor_coalesced", work.getSequencenumber() + i, timeout, sigs[i]);
+          }
+          run_reduce_scatter(parts[i], outputs[i], plans[i]);
+        }
+      },
+      int(inputs.size()));
 }
 
 void ProcessGroupCNCCL::run_allgather(const at::Tensor& input, char* out) {
@@ -364,24 +371,26 @@ void ProcessGroupCNCCL::run_allgather(const at::Tensor& input, char* out) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
-  if (on_cuda(inputs)) return cuda_path("allgather").inner().allgather(outputs, inputs, opts);
+  if (auto* c = cuda_for(inputs, "allgather")) return c->inner().allgather(outputs, inputs, opts);
   const at::Tensor& in = checks::single(inputs, "allgather");
   TORCH_CHECK_VALUE(outputs.size() == 1, "cnccl allgather: expects one output list, got ", outputs.size());
   checks::list_like(outputs[0], size_, in, "allgather", "output");
   stats_.record(in.nbytes() * size_, in.nbytes() * size_, false);
   std::vector<at::Tensor> outs = outputs[0];
-  return enqueue(c10d::OpType::ALLGATHER, "allgather", describe(in), outs, timeout_of(opts.timeout), kUntouched,
-                 [this, in, outs](HostWork&) mutable {
-                   char* ws = scratch(0, in.nbytes() * size_);
-                   run_allgather(in, ws);
-                   for (int i = 0; i < size_; ++i) unpack(ws + in.nbytes() * i, outs[i]);
-                 });
+  return enqueue(
+      c10d::OpType::ALLGATHER, "allgather", describe(in), outs, timeout_of(opts.timeout), kUntouched,
+      [=, this]() mutable { return engine().allgather(outputs, inputs, opts); },
+      [this, in, outs](HostWork&) mutable {
+        char* ws = scratch(0, in.nbytes() * size_);
+        run_allgather(in, ws);
+        for (int i = 0; i < size_; ++i) unpack(ws + in.nbytes() * i, outs[i]);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
-  if (on_cuda(inputs)) return cuda_path("allgather_coalesced").inner().allgather_coalesced(outputs, inputs, opts);
+  if (auto* c = cuda_for(inputs, "allgather_coalesced")) return c->allgather_coalesced(outputs, inputs, opts);
   // c10d's layout (gloo's): outputs[r][i] receives rank r's inputs[i].
   TORCH_CHECK_VALUE(!inputs.empty(), "cnccl allgather_coalesced: no input tensors");
   TORCH_CHECK_VALUE(int(outputs.size()) == size_, "cnccl allgather_coalesced: expects one output list per rank (",
@@ -404,24 +413,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_coalesced(std::vecto
   }
   const auto timeout = timeout_of(opts.timeout);
   auto outs = outputs;
-  return enqueue(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", coalesced(sigs), flat_outputs, timeout,
-                 kCoalescedFailure,
-                 [this, inputs, outs, timeout](HostWork& work) mutable {
-                   for (size_t i = 0; i < inputs.size(); ++i) {
-                     if (i) {
-                       comm_->begin("allgather_coalesced", work.getSequencenumber() + i, timeout, describe(inputs[i]));
-                     }
-                     char* ws = scratch(0, inputs[i].nbytes() * size_);
-                     run_allgather(inputs[i], ws);
-                     for (int r = 0; r < size_; ++r) unpack(ws + inputs[i].nbytes() * r, outs[r][i]);
-                   }
-                 },
-                 int(inputs.size()));
+  return enqueue(
+      c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", coalesced(sigs), flat_outputs, timeout,
+      kCoalescedFailure, [=, this]() mutable { return cpu_composed_->allgather_coalesced(outputs, inputs, opts); },
+      [this, inputs, outs, timeout](HostWork& work) mutable {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          if (i) {
+            comm_->begin("allgather_coalesced", work.getSequencenumber() + i, timeout, describe(inputs[i]));
+          }
+          char* ws = scratch(0, inputs[i].nbytes() * size_);
+          run_allgather(inputs[i], ws);
+          for (int r = 0; r < size_; ++r) unpack(ws + inputs[i].nbytes() * r, outs[r][i]);
+        }
+      },
+      int(inputs.size()));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
-  if (on_cuda(input)) return cuda_path("all_gather_into_tensor").inner()._allgather_base(output, input, opts);
+  if (auto* c = cuda_for(input, "all_gather_into_tensor")) return c->inner()._allgather_base(output, input, opts);
   checks::host_tensor(output, "all_gather_into_tensor");
   checks::host_tensor(input, "all_gather_into_tensor");
   TORCH_CHECK_TYPE(input.scalar_type() == output.scalar_type(), "cnccl all_gather_into_tensor: output dtype ",
@@ -429,24 +439,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::_allgather_base(at::Tensor& ou
   TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "cnccl all_gather_into_tensor: output has ",
                     output.numel(), " elements, expected world size (", size_, ") x input (", input.numel(), ")");
   stats_.record(output.nbytes(), output.nbytes(), false);
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", describe(input), {output},
-                 timeout_of(opts.timeout),
-                 kOutputsUndefined, [this, output, input](HostWork&) mutable {
-                   if (output.is_contiguous()) {
-                     run_allgather(input, static_cast<char*>(output.data_ptr()));
-                   } else {
-                     char* ws = scratch(0, output.nbytes());
-                     run_allgather(input, ws);
-                     unpack(ws, output);
-                   }
-                 });
+  return enqueue(
+      c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", describe(input), {output}, timeout_of(opts.timeout),
+      kOutputsUndefined, [=, this]() mutable { return engine()._allgather_base(output, input, opts); },
+      [this, output, input](HostWork&) mutable {
+        if (output.is_contiguous()) {
+          run_allgather(input, static_cast<char*>(output.data_ptr()));
+        } else {
+          char* ws = scratch(0, output.nbytes());
+          run_allgather(input, ws);
+          unpack(ws, output);
+        }
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                   std::vector<at::Tensor>& inputs,
                                                                                   const c10d::AllgatherOptions& opts) {
-  if (on_cuda(inputs)) {
-    return cuda_path("allgather_into_tensor_coalesced").inner().allgather_into_tensor_coalesced(outputs, inputs, opts);
+  if (auto* c = cuda_for(inputs, "allgather_into_tensor_coalesced")) {
+    return c->inner().allgather_into_tensor_coalesced(outputs, inputs, opts);
   }
   TORCH_CHECK_VALUE(outputs.size() == inputs.size() && !inputs.empty(),
                     "cnccl allgather_into_tensor_coalesced: needs as many outputs as inputs");
@@ -462,103 +473,110 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::allgather_into_tensor_coalesce
     sigs.push_back(describe(inputs[i]));
   }
   const auto timeout = timeout_of(opts.timeout);
-  return enqueue(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", coalesced(sigs), outputs, timeout,
-                 kCoalescedFailure,
-                 [this, outputs, inputs, timeout](HostWork& work) mutable {
-                   for (size_t i = 0; i < inputs.size(); ++i) {
-                     if (i) {
-                       comm_->begin("allgather_into_tensor_coalesced", work.getSequencenumber() + i, timeout,
-                                    describe(inputs[i]));
-                     }
-                     char* ws = scratch(0, outputs[i].nbytes());
-                     run_allgather(inputs[i], ws);
-                     unpack(ws, outputs[i]);
-                   }
-                 },
-                 int(inputs.size()));
+  return enqueue(
+      c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", coalesced(sigs), outputs, timeout, kCoalescedFailure,
+      [=, this]() mutable { return engine().allgather_into_tensor_coalesced(outputs, inputs, opts); },
+      [this, outputs, inputs, timeout](HostWork& work) mutable {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          if (i) {
+            comm_->begin("allgather_into_tensor_coalesced", work.getSequencenumber() + i, timeout, describe(inputs[i]));
+          }
+          char* ws = scratch(0, outputs[i].nbytes());
+          run_allgather(inputs[i], ws);
+          unpack(ws, outputs[i]);
+        }
+      },
+      int(inputs.size()));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
-  if (on_cuda(tensors)) return cuda_path("broadcast").inner().broadcast(tensors, opts);
+  if (auto* c = cuda_for(tensors, "broadcast")) return c->inner().broadcast(tensors, opts);
   const at::Tensor& t = checks::single(tensors, "broadcast");
   checks::root(opts.rootRank, size_, "broadcast");
   stats_.record(t.nbytes(), t.nbytes(), false);
   const int root = int(opts.rootRank);
-  return enqueue(c10d::OpType::BROADCAST, "broadcast", with_root(describe(t), root), tensors, timeout_of(opts.timeout),
-                 kUntouched, [this, t, root](HostWork&) mutable {
-                   char* ws = scratch(0, t.nbytes());
-                   if (rank_ == root) pack(t, ws);
-                   host::broadcast_direct(*comm_, ws, t.nbytes(), root);
-                   if (rank_ != root) unpack(ws, t);
-                 });
+  return enqueue(
+      c10d::OpType::BROADCAST, "broadcast", with_root(describe(t), root), tensors, timeout_of(opts.timeout), kUntouched,
+      [=, this]() mutable { return engine().broadcast(tensors, opts); },
+      [this, t, root](HostWork&) mutable {
+        char* ws = scratch(0, t.nbytes());
+        if (rank_ == root) pack(t, ws);
+        host::broadcast_direct(*comm_, ws, t.nbytes(), root);
+        if (rank_ != root) unpack(ws, t);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
-  if (on_cuda(tensors)) return cuda_path("reduce").inner().reduce(tensors, opts);
+  if (auto* c = cuda_for(tensors, "reduce")) return c->reduce(tensors, opts);
   const at::Tensor& t = checks::single(tensors, "reduce");
   checks::root(opts.rootRank, size_, "reduce");
-  // reduce is never lossy (design.md §2): plan with compression off, for the scaling alone.
+  // reduce is never lossy (docs/design.md, "Semantics"): plan with compression off, for the scaling alone.
   Config exact = config_;
   exact.wire.reset();
   const Plan plan =
       plan_reduction(exact, t.scalar_type(), t.nbytes(), opts.reduceOp.op_, premul_factor(opts.reduceOp), size_);
   stats_.record(t.nbytes(), t.nbytes(), false);
   const int root = int(opts.rootRank);
-  return enqueue(c10d::OpType::REDUCE, "reduce", with_root(describe(t, plan, opts.reduceOp.op_), root), tensors,
-                 timeout_of(opts.timeout), kUntouched, [this, t, root, plan](HostWork&) mutable {
-                   const int64_t n = t.numel();
-                   char* ws = scratch(0, t.nbytes());
-                   pack(t, ws);
-                   pre_scale(ws, n, t.scalar_type(), plan);
-                   host::reduce_direct(*comm_, ws, n, t.element_size(), root,
-                                       aten_reducer(t.scalar_type(), plan.inner_op));
-                   if (rank_ == root) {
-                     post_scale(ws, n, t.scalar_type(), plan);
-                     unpack(ws, t);
-                   }
-                 });
+  return enqueue(
+      c10d::OpType::REDUCE, "reduce", with_root(describe(t, plan, opts.reduceOp.op_), root), tensors,
+      timeout_of(opts.timeout), kUntouched, [=, this]() mutable { return cpu_composed_->reduce(tensors, opts); },
+      [this, t, root, plan](HostWork&) mutable {
+        const int64_t n = t.numel();
+        char* ws = scratch(0, t.nbytes());
+        pack(t, ws);
+        pre_scale(ws, n, t.scalar_type(), plan);
+        host::reduce_direct(*comm_, ws, n, t.element_size(), root, aten_reducer(t.scalar_type(), plan.inner_op));
+        if (rank_ == root) {
+          post_scale(ws, n, t.scalar_type(), plan);
+          unpack(ws, t);
+        }
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
-  if (on_cuda(inputs)) return cuda_path("gather").inner().gather(outputs, inputs, opts);
+  if (auto* c = cuda_for(inputs, "gather")) return c->inner().gather(outputs, inputs, opts);
   const at::Tensor& in = checks::single(inputs, "gather");
   checks::root(opts.rootRank, size_, "gather");
   const int root = int(opts.rootRank);
   const std::vector<at::Tensor> outs = checks::root_list(outputs, rank_ == root, size_, in, "gather", "output");
   stats_.record(in.nbytes(), in.nbytes(), false);
-  return enqueue(c10d::OpType::GATHER, "gather", with_root(describe(in), root), outs, timeout_of(opts.timeout),
-                 kUntouched, [this, in, outs, root](HostWork&) mutable {
-                   const size_t bytes = in.nbytes();
-                   char* ws = scratch(0, bytes * (rank_ == root ? size_ : 1));
-                   char* src = scratch(1, bytes);
-                   pack(in, src);
-                   host::gather_direct(*comm_, src, bytes, ws, root);
-                   for (size_t i = 0; i < outs.size(); ++i) unpack(ws + bytes * i, outs[i]);
-                 });
+  return enqueue(
+      c10d::OpType::GATHER, "gather", with_root(describe(in), root), outs, timeout_of(opts.timeout), kUntouched,
+      [=, this]() mutable { return engine().gather(outputs, inputs, opts); },
+      [this, in, outs, root](HostWork&) mutable {
+        const size_t bytes = in.nbytes();
+        char* ws = scratch(0, bytes * (rank_ == root ? size_ : 1));
+        char* src = scratch(1, bytes);
+        pack(in, src);
+        host::gather_direct(*comm_, src, bytes, ws, root);
+        for (size_t i = 0; i < outs.size(); ++i) unpack(ws + bytes * i, outs[i]);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
-  if (on_cuda(outputs)) return cuda_path("scatter").inner().scatter(outputs, inputs, opts);
+  if (auto* c = cuda_for(outputs, "scatter")) return c->inner().scatter(outputs, inputs, opts);
   const at::Tensor& out = checks::single(outputs, "scatter");
   checks::root(opts.rootRank, size_, "scatter");
   const int root = int(opts.rootRank);
   const std::vector<at::Tensor> ins = checks::root_list(inputs, rank_ == root, size_, out, "scatter", "input");
   stats_.record(out.nbytes(), out.nbytes(), false);
-  return enqueue(c10d::OpType::SCATTER, "scatter", with_root(describe(out), root), outputs, timeout_of(opts.timeout),
-                 kUntouched, [this, ins, out, root](HostWork&) mutable {
-                   const size_t bytes = out.nbytes();
-                   char* src = scratch(1, bytes * ins.size());
-                   for (size_t i = 0; i < ins.size(); ++i) pack(ins[i], src + bytes * i);
-                   char* ws = scratch(0, bytes);
-                   host::scatter_direct(*comm_, src, ws, bytes, root);
-                   unpack(ws, out);
-                 });
+  return enqueue(
+      c10d::OpType::SCATTER, "scatter", with_root(describe(out), root), outputs, timeout_of(opts.timeout), kUntouched,
+      [=, this]() mutable { return engine().scatter(outputs, inputs, opts); },
+      [this, ins, out, root](HostWork&) mutable {
+        const size_t bytes = out.nbytes();
+        char* src = scratch(1, bytes * ins.size());
+        for (size_t i = 0; i < ins.size(); ++i) pack(ins[i], src + bytes * i);
+        char* ws = scratch(0, bytes);
+        host::scatter_direct(*comm_, src, ws, bytes, root);
+        unpack(ws, out);
+      });
 }
 
 namespace {
@@ -591,10 +609,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall_base(at::Tensor& outp
                                                                 std::vector<int64_t>& output_split_sizes,
                                                                 std::vector<int64_t>& input_split_sizes,
                                                                 const c10d::AllToAllOptions& opts) {
-  if (on_cuda(output)) {
-    return cuda_path("all_to_all_single")
-        .inner()
-        .alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+  if (auto* c = cuda_for(output, "all_to_all_single")) {
+    return c->inner().alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
   }
   checks::host_tensor(output, "all_to_all_single");
   checks::host_tensor(input, "all_to_all_single");
@@ -613,20 +629,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall_base(at::Tensor& outp
   // Split sizes may differ between ranks; the dtype and row size may not.
   const std::string sig =
       std::string(c10::toString(input.scalar_type())) + " rows of " + std::to_string(in_row) + " bytes";
-  return enqueue(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", sig, {output}, timeout_of(opts.timeout), kUntouched,
-                 [this, output, input, send_off, send_len, recv_off, recv_len](HostWork&) mutable {
-                   char* src = scratch(1, input.nbytes());
-                   pack(input, src);
-                   char* ws = scratch(0, output.nbytes());
-                   host::alltoall_direct(*comm_, src, send_off, send_len, ws, recv_off, recv_len);
-                   unpack(ws, output);
-                 });
+  return enqueue(
+      c10d::OpType::ALLTOALL_BASE, "all_to_all_single", sig, {output}, timeout_of(opts.timeout), kUntouched,
+      [=, this]() mutable {
+        return engine().alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+      },
+      [this, output, input, send_off, send_len, recv_off, recv_len](HostWork&) mutable {
+        char* src = scratch(1, input.nbytes());
+        pack(input, src);
+        char* ws = scratch(0, output.nbytes());
+        host::alltoall_direct(*comm_, src, send_off, send_len, ws, recv_off, recv_len);
+        unpack(ws, output);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
-  if (on_cuda(outputs)) return cuda_path("all_to_all").inner().alltoall(outputs, inputs, opts);
+  if (auto* c = cuda_for(outputs, "all_to_all")) return c->inner().alltoall(outputs, inputs, opts);
   TORCH_CHECK_VALUE(int(inputs.size()) == size_ && int(outputs.size()) == size_, "cnccl all_to_all: expects ",
                     size_, " input and output tensors, got ", inputs.size(), " and ", outputs.size());
   std::vector<size_t> send_off, send_len, recv_off, recv_len;
@@ -648,7 +668,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall(std::vector<at::Tenso
   stats_.record(in_total, in_total, false);
   return enqueue(
       c10d::OpType::ALLTOALL, "all_to_all", c10::toString(inputs[0].scalar_type()), outputs, timeout_of(opts.timeout),
-      kUntouched,
+      kUntouched, [=, this]() mutable { return engine().alltoall(outputs, inputs, opts); },
       [this, outputs, inputs, send_off, send_len, recv_off, recv_len, in_total, out_total](HostWork&) mutable {
         char* src = scratch(1, in_total);
         for (int i = 0; i < size_; ++i) pack(inputs[i], src + send_off[i]);
@@ -660,8 +680,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::alltoall(std::vector<at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::barrier(const c10d::BarrierOptions& opts) {
   stats_.collectives += 1;
-  return enqueue(c10d::OpType::BARRIER, "barrier", "", {}, timeout_of(opts.timeout), kUntouched,
-                 [this](HostWork&) { host::barrier_direct(*comm_); });
+  return enqueue(
+      c10d::OpType::BARRIER, "barrier", "", {}, timeout_of(opts.timeout), kUntouched,
+      [=, this]() mutable { return engine().barrier(opts); }, [this](HostWork&) { host::barrier_direct(*comm_); });
 }
 
 }  // namespace cnccl

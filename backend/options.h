@@ -12,6 +12,9 @@
 namespace cnccl {
 
 enum class SumScaling : uint8_t { kNone, kWorld };
+// What runs CPU tensors' collectives: cnccl's own host path over UCX, or torch's ProcessGroupGloo
+// under the composed path (docs/design.md, "The composed path").
+enum class CpuEngine : uint8_t { kUcx, kGloo };
 
 // The settings a group runs with, after defaults, environment and Options are combined.
 struct Config {
@@ -19,8 +22,10 @@ struct Config {
   int64_t min_bytes = 64 * 1024;
   SumScaling sum_scaling = SumScaling::kNone;
   bool compress_fp64 = false;
+  CpuEngine cpu_engine = CpuEngine::kUcx;
 
   std::string wire_name() const { return wire ? codec::wire_name(*wire) : "none"; }
+  const char* cpu_engine_name() const { return cpu_engine == CpuEngine::kGloo ? "gloo" : "ucx"; }
 };
 
 struct Options : c10d::Backend::Options {
@@ -30,6 +35,7 @@ struct Options : c10d::Backend::Options {
   std::optional<int64_t> min_bytes;        // >= 0
   std::optional<std::string> sum_scaling;  // none | world
   std::optional<bool> compress_fp64;
+  std::optional<std::string> cpu_engine;   // ucx | gloo
 
   // Overrides Backend::Options::clone() where the torch version has it (keeps the subclass).
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const;

@@ -90,10 +90,24 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
   return plan;
 }
 
-double premul_factor(const c10d::ReduceOp& op) {
-  if (op.op_ != RedOp::PREMUL_SUM) return 1.0;
+namespace {
+
+const PreMulSupplement& premul_supplement(const c10d::ReduceOp& op) {
   const auto* supplement = dynamic_cast<const PreMulSupplement*>(op.supplement_.get());
   TORCH_CHECK_VALUE(supplement, "cnccl: PREMUL_SUM without a factor");
+  return *supplement;
+}
+
+}  // namespace
+
+at::Tensor premul_tensor_factor(const c10d::ReduceOp& op) {
+  if (op.op_ != RedOp::PREMUL_SUM) return {};
+  return premul_supplement(op).tensor_factor;
+}
+
+double premul_factor(const c10d::ReduceOp& op) {
+  if (op.op_ != RedOp::PREMUL_SUM) return 1.0;
+  const PreMulSupplement* supplement = &premul_supplement(op);
   if (supplement->tensor_factor.defined()) {
     TORCH_CHECK_VALUE(supplement->tensor_factor.numel() == 1, "cnccl: PREMUL_SUM factor must have one element");
     return supplement->tensor_factor.item<double>();

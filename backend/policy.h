@@ -1,5 +1,5 @@
 // The one place that decides, per collective, whether a tensor travels compressed and which
-// scales apply (design.md §2). Pure: no communication, unit-tested on its own.
+// scales apply (docs/design.md, "Semantics"). Pure: no communication, unit-tested on its own.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -33,6 +33,8 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
 
 // PREMUL_SUM's factor (a double or a one-element tensor); 1 for other ops.
 double premul_factor(const c10d::ReduceOp& op);
+// PREMUL_SUM's factor when it is a tensor (undefined otherwise): reading it may need a device sync.
+at::Tensor premul_tensor_factor(const c10d::ReduceOp& op);
 
 const char* op_name(RedOp op);
 

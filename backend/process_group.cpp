@@ -3,18 +3,33 @@
 #include "backend/process_group.h"
 
 #include "backend/checks.h"
+#include "backend/composed/composition.h"
+#include "backend/composed/issuer.h"
+#include "backend/cuda/nccl_engine.h"
 #include "backend/host/comm.h"
 #include "backend/host/executor.h"
 #include "backend/host/ucx_transport.h"
-#include "backend/cuda/cuda_path.h"
 
 namespace cnccl {
 
 ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                     c10::intrusive_ptr<cnccl::Options> options)
+                                     c10::intrusive_ptr<cnccl::Options> options,
+                                     c10::intrusive_ptr<c10d::Backend> cpu_engine)
     : c10d::Backend(rank, size), store_(store), options_(std::move(options)) {
   TORCH_CHECK_VALUE(options_, "cnccl: options must not be None");
   config_ = options_->resolve();
+  if (config_.cpu_engine == CpuEngine::kGloo) {
+    TORCH_CHECK_VALUE(cpu_engine && cpu_engine->getBackendName() == "gloo", "cnccl: cpu_engine=gloo needs torch's "
+                      "ProcessGroupGloo passed to the constructor (the Python registration does this)");
+    composed::Engine engine{cpu_engine, "gloo", /*reduces_avg_and_premul=*/false, /*reduce_keeps_non_root=*/false,
+                            /*coalesces_mixed_dtypes=*/false};
+    cpu_composed_ = std::make_shared<composed::Composition>(std::move(engine), composed::make_cpu_device(), config_,
+                                                            /*stats=*/nullptr, rank, size);
+    issuer_ = std::make_unique<composed::Issuer>(cpu_engine, options_->group_name.empty() ? "unnamed"
+                                                                                           : options_->group_name);
+    return;
+  }
+  TORCH_CHECK_VALUE(!cpu_engine, "cnccl: a CPU engine was passed, but cpu_engine is ucx");
   const std::string name = options_->group_name.empty() ? "unnamed" : options_->group_name;
   comm_ = std::make_unique<host::Comm>(std::make_unique<host::UcxTransport>(store, rank, size), name);
   executor_ = std::make_unique<host::Executor>(*comm_);
@@ -22,12 +37,16 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
 
 ProcessGroupCNCCL::~ProcessGroupCNCCL() { shutdown(); }
 
+c10d::Backend& ProcessGroupCNCCL::engine() { return cpu_composed_->inner(); }
+
 void ProcessGroupCNCCL::abort() {
-  comm_->abort("abort() was called on the process group");
+  if (comm_) comm_->abort("abort() was called on the process group");
+  if (issuer_) issuer_->abort("abort() was called on the process group");
   if (auto path = cuda_created()) path->inner().abort();
 }
 
 void ProcessGroupCNCCL::shutdown() {
+  if (issuer_) issuer_->abort("shutdown() was called on the process group");
   if (auto path = cuda_created()) path->inner().shutdown();
   if (!executor_) return;
   // As with NCCL: operations still outstanding end with an error instead of waiting on peers.
@@ -36,26 +55,34 @@ void ProcessGroupCNCCL::shutdown() {
   executor_.reset();
 }
 
-std::shared_ptr<cuda::CudaPath> ProcessGroupCNCCL::cuda_created() {
+std::shared_ptr<composed::Composition> ProcessGroupCNCCL::cuda_created() {
   std::lock_guard<std::mutex> lock(cuda_mutex_);
   return cuda_;
 }
 
-cuda::CudaPath& ProcessGroupCNCCL::cuda_path(const char* op) {
+composed::Composition* ProcessGroupCNCCL::cuda_for(const at::Tensor& t, const char* op) {
+  return t.defined() && t.is_cuda() ? &cuda_composed(op) : nullptr;
+}
+
+composed::Composition* ProcessGroupCNCCL::cuda_for(const std::vector<at::Tensor>& ts, const char* op) {
+  return ts.empty() ? nullptr : cuda_for(ts[0], op);
+}
+
+composed::Composition& ProcessGroupCNCCL::cuda_composed(const char* op) {
 #if CNCCL_WITH_CUDA
   std::lock_guard<std::mutex> lock(cuda_mutex_);
   if (!cuda_) {
-    cuda::CudaPathArgs args;
+    cuda::NcclEngineArgs args;
     args.store = store_;
     args.rank = rank_;
     args.size = size_;
     args.options = options_.get();
     args.config = &config_;
-    args.stats = &stats_;
     args.group_uid = getGroupUid();
     args.group_desc = getGroupDesc();
     args.bound_device = getBoundDeviceId();
-    cuda_ = cuda::make_nccl_path(args);
+    cuda_ = std::make_shared<composed::Composition>(cuda::make_nccl_engine(args), cuda::make_cuda_device(), config_,
+                                                    &stats_, rank_, size_);
   }
   return *cuda_;
 #else
@@ -73,7 +100,7 @@ int ProcessGroupCNCCL::cuda_nccl_version() {
 }
 
 void ProcessGroupCNCCL::eagerConnectSingleDevice(at::Device device) {
-  if (device.is_cuda()) cuda_path("eager connect").inner().eagerConnectSingleDevice(device);
+  if (device.is_cuda()) cuda_composed("eager connect").inner().eagerConnectSingleDevice(device);
 }
 
 std::chrono::milliseconds ProcessGroupCNCCL::timeout_of(std::chrono::milliseconds requested) const {
@@ -92,7 +119,7 @@ std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
           {"compressed_collectives", stats_.compressed_collectives.load()},
           {"bytes_uncompressed", stats_.bytes_uncompressed.load()},
           {"bytes_sent", stats_.bytes_sent.load()},
-          {"transport_bytes_sent", comm_->bytes_sent()},
+          {"transport_bytes_sent", comm_ ? comm_->bytes_sent() : 0},
           {"cast_ns", stats_.cast_ns.load()},
           {"reduce_ns", stats_.reduce_ns.load()},
           {"transfer_ns", stats_.transfer_ns.load()},
@@ -102,7 +129,11 @@ std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue(c10d::OpType type, const char* name,
                                                           std::string signature, std::vector<at::Tensor> outputs,
                                                           std::chrono::milliseconds timeout, const char* on_failure,
-                                                          Body body, int seq_count) {
+                                                          EngineCall engine_call, Body body, int seq_count) {
+  if (issuer_) {
+    const uint64_t seq = seq_.fetch_add(seq_count);
+    return issuer_->submit(type, name, seq, std::move(signature), std::move(outputs), timeout, std::move(engine_call));
+  }
   TORCH_CHECK(executor_, "cnccl ", name, ": the process group has been shut down");
   const uint64_t seq = seq_.fetch_add(seq_count);
   auto work = c10::make_intrusive<HostWork>(rank_, type, seq, std::move(outputs));
@@ -165,17 +196,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue_p2p(c10d::OpType type,
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  if (on_cuda(tensors)) return cuda_path("send").inner().send(tensors, dst_rank, tag);
+  if (auto* c = cuda_for(tensors, "send")) return c->inner().send(tensors, dst_rank, tag);
+  if (cpu_composed_) return engine().send(tensors, dst_rank, tag);
   return enqueue_p2p(c10d::OpType::SEND, checks::single(tensors, "send"), dst_rank, tag, true);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  if (on_cuda(tensors)) return cuda_path("recv").inner().recv(tensors, src_rank, tag);
+  if (auto* c = cuda_for(tensors, "recv")) return c->inner().recv(tensors, src_rank, tag);
+  if (cpu_composed_) return engine().recv(tensors, src_rank, tag);
   return enqueue_p2p(c10d::OpType::RECV, checks::single(tensors, "recv"), src_rank, tag, false);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  if (on_cuda(tensors)) return cuda_path("recv").inner().recvAnysource(tensors, tag);
+  if (auto* c = cuda_for(tensors, "recv")) return c->inner().recvAnysource(tensors, tag);
+  if (cpu_composed_) return engine().recvAnysource(tensors, tag);
   return enqueue_p2p(c10d::OpType::RECVANYSOURCE, checks::single(tensors, "recv"), -1, tag, false);
 }
 

@@ -1,11 +1,14 @@
 // ProcessGroupCNCCL: the c10d Backend registered as "cnccl". Compresses allreduce and
-// reduce_scatter of wide floats per the policy; CPU tensors run on the host path (UCX).
+// reduce_scatter of wide floats per the policy. CPU tensors run on the host path (UCX), or with
+// cpu_engine=gloo on the composed path over torch's ProcessGroupGloo; CUDA tensors run on the
+// composed path over torch's ProcessGroupNCCL.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,14 +25,19 @@ class Comm;
 class Executor;
 }  // namespace host
 
-namespace cuda {
-class CudaPath;
-}  // namespace cuda
+namespace composed {
+class Composition;
+class Issuer;
+}  // namespace composed
 
 class ProcessGroupCNCCL : public c10d::Backend {
  public:
+  // `cpu_engine`: with Options.cpu_engine=gloo, the ProcessGroupGloo the composed path runs CPU
+  // tensors on (torch's wheel ships no gloo headers, so the caller builds it; the Python
+  // registration does). Must be null otherwise.
   ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                    c10::intrusive_ptr<cnccl::Options> options = c10::make_intrusive<cnccl::Options>());
+                    c10::intrusive_ptr<cnccl::Options> options = c10::make_intrusive<cnccl::Options>(),
+                    c10::intrusive_ptr<c10d::Backend> cpu_engine = {});
   ~ProcessGroupCNCCL() override;
 
   const std::string getBackendName() const override { return "cnccl"; }
@@ -100,17 +108,23 @@ class ProcessGroupCNCCL : public c10d::Backend {
   // reusable buffers (index 0: the wire workspace) so steady-state steps allocate nothing.
   using Body = std::function<void(HostWork&)>;
 
-  // `signature`: what every rank must agree on for this call (see host::Comm::begin).
+  // What the call is with cpu_engine=gloo: the engine's own call, or the composition's over it.
+  using EngineCall = std::function<c10::intrusive_ptr<c10d::Work>()>;
+
+  // The one funnel of CPU collectives. `signature`: what every rank must agree on for this call
+  // (see host::Comm::begin); `body` runs it on the host path, `engine_call` with cpu_engine=gloo
+  // (through the Issuer, which checks the same agreement first).
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name, std::string signature,
-                                         std::vector<at::Tensor> outputs,
-                                         std::chrono::milliseconds timeout, const char* on_failure, Body body,
+                                         std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+                                         const char* on_failure, EngineCall engine_call, Body body,
                                          int seq_count = 1);
   c10::intrusive_ptr<c10d::Work> enqueue_p2p(c10d::OpType type, at::Tensor tensor, int peer, int tag, bool is_send);
-  // CUDA tensors go to the CUDA path, created on first use; a build without one says so.
-  static bool on_cuda(const at::Tensor& t) { return t.defined() && t.is_cuda(); }
-  static bool on_cuda(const std::vector<at::Tensor>& ts) { return !ts.empty() && on_cuda(ts[0]); }
-  cuda::CudaPath& cuda_path(const char* op);
-  std::shared_ptr<cuda::CudaPath> cuda_created();  // null until the first CUDA operation
+  // The composed path over NCCL for CUDA tensors (the first one's device), else null. Created on
+  // first use; a build without CUDA says so.
+  composed::Composition* cuda_for(const at::Tensor& t, const char* op);
+  composed::Composition* cuda_for(const std::vector<at::Tensor>& ts, const char* op);
+  composed::Composition& cuda_composed(const char* op);
+  std::shared_ptr<composed::Composition> cuda_created();  // null until the first CUDA operation
 
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
   char* scratch(int which, size_t bytes);
@@ -125,12 +139,17 @@ class ProcessGroupCNCCL : public c10d::Backend {
   Config config_;
   Stats stats_;
   std::atomic<uint64_t> seq_{0};
+  // The host path; null with cpu_engine=gloo.
   std::unique_ptr<host::Comm> comm_;
   std::vector<std::vector<char>> scratch_;
   std::string broken_;  // executor thread only: the first failure, after which the group is unusable
   std::unique_ptr<host::Executor> executor_;
+  // cpu_engine=gloo only: the composition over ProcessGroupGloo, and the thread that issues to it.
+  std::shared_ptr<composed::Composition> cpu_composed_;
+  std::unique_ptr<composed::Issuer> issuer_;
+  c10d::Backend& engine();
   std::mutex cuda_mutex_;
-  std::shared_ptr<cuda::CudaPath> cuda_;  // shared_ptr: a CPU-only build never needs its destructor
+  std::shared_ptr<composed::Composition> cuda_;
 };
 
 }  // namespace cnccl

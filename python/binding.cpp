@@ -52,36 +52,42 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
 ``new_group``. A field left as None takes its CNCCL_* environment variable, or the default.)")
       .def(py::init([](std::optional<std::string> wire_dtype, std::optional<int64_t> min_bytes,
                        std::optional<std::string> sum_scaling, std::optional<bool> compress_fp64,
-                       std::chrono::milliseconds timeout) {
+                       std::optional<std::string> cpu_engine, std::chrono::milliseconds timeout) {
              auto o = c10::make_intrusive<cnccl::Options>(timeout);
              o->wire_dtype = std::move(wire_dtype);
              o->min_bytes = min_bytes;
              o->sum_scaling = std::move(sum_scaling);
              o->compress_fp64 = compress_fp64;
+             o->cpu_engine = std::move(cpu_engine);
              o->resolve();  // bad values fail here, where the user wrote them
              return o;
            }),
            py::kw_only(), py::arg("wire_dtype") = py::none(), py::arg("min_bytes") = py::none(),
            py::arg("sum_scaling") = py::none(), py::arg("compress_fp64") = py::none(),
+           py::arg("cpu_engine") = py::none(),
            py::arg("timeout") = kBackendDefaultTimeout)
       .def_readwrite("wire_dtype", &cnccl::Options::wire_dtype)
       .def_readwrite("min_bytes", &cnccl::Options::min_bytes)
       .def_readwrite("sum_scaling", &cnccl::Options::sum_scaling)
       .def_readwrite("compress_fp64", &cnccl::Options::compress_fp64)
+      .def_readwrite("cpu_engine", &cnccl::Options::cpu_engine)
+      .def("_resolved_cpu_engine", [](const cnccl::Options& o) { return o.resolve().cpu_engine_name(); },
+           "The CPU engine these options select once CNCCL_CPU_ENGINE is applied: 'ucx' or 'gloo'.")
       .def("__repr__", [](const cnccl::Options& o) {
         auto show = [](const auto& v) { return v ? py::str(py::cast(*v)).cast<std::string>() : std::string("None"); };
         return "cnccl.Options(wire_dtype=" + show(o.wire_dtype) + ", min_bytes=" + show(o.min_bytes) +
-               ", sum_scaling=" + show(o.sum_scaling) + ", compress_fp64=" + show(o.compress_fp64) + ")";
+               ", sum_scaling=" + show(o.sum_scaling) + ", compress_fp64=" + show(o.compress_fp64) +
+               ", cpu_engine=" + show(o.cpu_engine) + ")";
       });
 
   py::class_<cnccl::ProcessGroupCNCCL, c10d::Backend, IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>>(
       m, "ProcessGroupCNCCL")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       c10::intrusive_ptr<cnccl::Options> options) {
-             return IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>(
-                 c10::make_intrusive<cnccl::ProcessGroupCNCCL>(store, rank, size, std::move(options)));
+                       c10::intrusive_ptr<cnccl::Options> options, c10::intrusive_ptr<c10d::Backend> cpu_engine) {
+             return IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>(c10::make_intrusive<cnccl::ProcessGroupCNCCL>(
+                 store, rank, size, std::move(options), std::move(cpu_engine)));
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"), py::arg("cpu_engine") = nullptr,
            py::call_guard<py::gil_scoped_release>())
       .def("stats", &cnccl::ProcessGroupCNCCL::stats, "Counters of this group's collectives and bytes.")
       .def("config", [](const cnccl::ProcessGroupCNCCL& pg) {
@@ -91,6 +97,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
         d["min_bytes"] = c.min_bytes;
         d["sum_scaling"] = c.sum_scaling == cnccl::SumScaling::kWorld ? "world" : "none";
         d["compress_fp64"] = c.compress_fp64;
+        d["cpu_engine"] = c.cpu_engine_name();
         d["timeout"] = pg.timeout();
         return d;
       }, "The settings in force after defaults, CNCCL_* variables and Options are combined.");

@@ -29,9 +29,14 @@ def _create(dist_backend_opts, pg_options):
     options._timeout = dist_backend_opts.timeout
     options.group_name = dist_backend_opts.group_id or ""
     options.global_ranks_in_group = list(dist_backend_opts.global_ranks_in_group)
-    return ProcessGroupCNCCL(
-        dist_backend_opts.store, dist_backend_opts.group_rank, dist_backend_opts.group_size, options
-    )
+    store, rank, size = dist_backend_opts.store, dist_backend_opts.group_rank, dist_backend_opts.group_size
+    cpu_engine = None
+    if options._resolved_cpu_engine() == "gloo":
+        # Built here because torch's wheel ships no gloo headers for C++ to build it with.
+        from torch.distributed import PrefixStore, ProcessGroupGloo
+
+        cpu_engine = ProcessGroupGloo(PrefixStore("cnccl/gloo/", store), rank, size, dist_backend_opts.timeout)
+    return ProcessGroupCNCCL(store, rank, size, options, cpu_engine)
 
 
 def register():

@@ -1,4 +1,4 @@
-// The policy alone: which tensors are compressed and which scales apply (design.md §2).
+// The policy alone: which tensors are compressed and which scales apply (docs/design.md, "Semantics").
 #include <gtest/gtest.h>
 
 #include <cstdlib>

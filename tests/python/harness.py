@@ -97,8 +97,8 @@ _JOBS = {}
 
 
 def cached_job(module, world_size, **kwargs):
-    """run_job once per (module, world_size); later calls return its results or raise its error."""
-    key = (module, world_size)
+    """run_job once per (module, world_size, env); later calls return its results or raise its error."""
+    key = (module, world_size, tuple(sorted((kwargs.get("env") or {}).items())))
     if key not in _JOBS:
         try:
             _JOBS[key] = (run_job(module, world_size, **kwargs), None)
@@ -128,6 +128,15 @@ def run_job(module, world_size, timeout=900, env=None):
                 else:
                     results.setdefault(name, None)
     return results
+
+
+# What runs CPU tensors' collectives: cnccl's host path over UCX, or the composed path over torch's
+# gloo. The collective, parity and reliability suites run each of their jobs on both.
+CPU_ENGINES = ["ucx", "gloo"]
+
+
+def engine_env(engine):
+    return {"CNCCL_CPU_ENGINE": engine}
 
 
 def check_case(results, name, world_size):

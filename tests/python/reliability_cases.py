@@ -127,8 +127,10 @@ def rank_that_never_arrives_times_out_naming_the_collective(ctx):
     """Rank 0 alone calls the collective: it fails after the group's timeout (not before), naming
     the collective, the group and a peer it waited on, and leaves its tensor as it was."""
     timeout = 3
-    for n in (10, 1 << 20):  # direct and ring algorithms
-        g = ctx.group(timeout=timeout)
+    # Both groups exist before rank 0 starts waiting: with cpu_engine=gloo, creating a group waits
+    # for every rank (up to the group's timeout), as gloo itself does.
+    groups = [ctx.group(timeout=timeout) for _ in range(2)]
+    for n, g in zip((10, 1 << 20), groups):  # direct and ring algorithms
         if ctx.rank == 0:
             t = torch.full((n,), 5.0)
             start = time.monotonic()
@@ -142,6 +144,9 @@ def rank_that_never_arrives_times_out_naming_the_collective(ctx):
             assert timeout <= elapsed + 0.05 and elapsed < 20 * timeout, f"failed after {elapsed:.1f}s: {msg}"
             # The group stays unusable and says why, without waiting again.
             expect_failure(lambda: dist.all_reduce(t, group=g), "unusable after an earlier failure")
+    # The others keep their groups until rank 0 is done: a peer that leaves is not one that never arrives.
+    dist.barrier(group=ctx.gloo)
+    for g in groups:
         dist.destroy_process_group(g)
 
 

@@ -2,7 +2,7 @@
 --nproc_per_node=2` in each, DDP on cnccl. The trained parameters must equal those of the same job
 run on one node with 4 ranks, and the gradients must have crossed the veth.
 
-Network namespaces do not isolate UCX's shared memory (design.md), so the two-node job runs with
+Network namespaces do not isolate UCX's shared memory, so the two-node job runs with
 UCX_TLS=tcp: every byte between ranks then goes through a socket, and bytes between the nodes
 through the veth. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) for `ip netns`; skips naming that
 elsewhere. CI sets CNCCL_REQUIRE_NETNS=1, which turns that skip into a failure.

@@ -65,7 +65,7 @@ def test_build_contains_the_cuda_path():
     for soname in ("libnccl.so.2", "libtorch_cuda.so", "libcudart.so"):
         assert soname in needed, f"{lib} does not link {soname}"
     symbols = subprocess.run(["nm", "-DC", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
-    for fn in ("NcclPath::allreduce(", "NcclPath::reduce_scatter_tensor(", "CompressedWork::wait(",
+    for fn in ("make_nccl_engine(", "make_cuda_device(", "Composition::allreduce(", "ComposedWork::wait(",
                "codec::cuda::cast(", "codec::cuda::restore("):
         assert re.search(re.escape("cnccl::") + r"\S*" + re.escape(fn), symbols), f"{fn} is not in {lib}"
 

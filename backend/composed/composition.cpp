@@ -1,0 +1,408 @@
+#include "backend/composed/composition.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "backend/composed/composed_work.h"
+
+namespace cnccl::composed {
+namespace {
+
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+
+at::ScalarType wire_dtype(codec::Wire wire) { return wire == codec::Wire::kFp16 ? at::kHalf : at::kBFloat16; }
+
+void check_tensor(const at::Tensor& t, const at::Tensor& like, const char* op) {
+  TORCH_CHECK_VALUE(t.defined(), "cnccl ", op, ": undefined tensor");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "cnccl ", op, ": ", t.layout(), " tensors are not supported");
+  TORCH_CHECK_VALUE(t.device() == like.device(), "cnccl ", op, ": all tensors must be on ", like.device(),
+                    ", got one on ", t.device());
+}
+
+void check_reduce_scatter(const at::Tensor& output, const at::Tensor& input, int size, const char* op) {
+  check_tensor(output, input, op);
+  TORCH_CHECK_TYPE(input.scalar_type() == output.scalar_type(), "cnccl ", op, ": input dtype ",
+                   input.scalar_type(), " does not match output dtype ", output.scalar_type());
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * size, "cnccl ", op, ": input has ", input.numel(),
+                    " elements, expected world size (", size, ") x output (", output.numel(), ")");
+}
+
+template <typename Opts>
+Opts with_op(const Opts& opts, RedOp op) {
+  Opts inner = opts;
+  inner.reduceOp = c10d::ReduceOp(op);
+  return inner;
+}
+
+// The tensor's elements in logical order, as one flat tensor: a view of a contiguous tensor, a
+// copy of any other. Logical order keeps a strided tensor's result equal to its contiguous
+// copy's: engines split and order their reductions by position.
+at::Tensor flat(const at::Tensor& t) { return t.contiguous().view({-1}); }
+
+// Indices of `tensors`, grouped by dtype in order of first appearance (every rank groups alike).
+std::vector<std::vector<size_t>> by_dtype(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::vector<size_t>> groups;
+  std::vector<at::ScalarType> dtypes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto dtype = tensors[i].scalar_type();
+    size_t g = 0;
+    while (g < dtypes.size() && dtypes[g] != dtype) ++g;
+    if (g == dtypes.size()) {
+      dtypes.push_back(dtype);
+      groups.emplace_back();
+    }
+    groups[g].push_back(i);
+  }
+  return groups;
+}
+
+template <typename T>
+std::vector<T> pick(const std::vector<T>& all, const std::vector<size_t>& indices) {
+  std::vector<T> out;
+  for (size_t i : indices) out.push_back(all[i]);
+  return out;
+}
+
+std::vector<at::Tensor> stages_of(const std::vector<Composition::Staged>& staged) {
+  std::vector<at::Tensor> out;
+  for (const auto& s : staged) out.push_back(s.stage);
+  return out;
+}
+
+// Writes an engine's result back into the caller's tensor (on the stream Device::after set up).
+void unstage(Device& device, const Composition::Staged& s) {
+  const bool in_place = s.target.is_contiguous();
+  at::Tensor out = in_place ? flat(s.target) : at::empty({s.target.numel()}, s.target.options());
+  if (s.plan.compress) {
+    device.restore(s.stage, out, s.plan);
+  } else if (s.plan.post_divisor != 1) {
+    out.copy_(at::div(s.stage, s.plan.post_divisor, "trunc"));
+  } else {
+    out.copy_(s.stage);
+  }
+  if (!in_place) s.target.copy_(out.view(s.target.sizes()));
+}
+
+// The engine work's future, or null for a work that has none.
+FuturePtr future_of(c10d::Work& work) {
+  try {
+    return work.getFuture();
+  } catch (const c10::Error&) {
+    return nullptr;
+  }
+}
+
+void record_stats(Stats* stats, const at::Tensor& t, int64_t numel, const Plan& p) {
+  if (!stats) return;
+  const int64_t nbytes = numel * t.element_size();
+  stats->record(nbytes, p.compress ? numel * 2 : nbytes, p.compress);
+}
+
+}  // namespace
+
+Composition::Composition(Engine engine, std::shared_ptr<Device> device, const Config& config, Stats* stats, int rank,
+                         int size)
+    : engine_(std::move(engine)), device_(std::move(device)), config_(config), stats_(stats), rank_(rank),
+      size_(size) {}
+
+Plan Composition::plan(const Config& config, const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp& op,
+                       bool as_is) {
+  Plan p = plan_reduction(config, t.scalar_type(), nbytes, op.op_, 1.0, size_);
+  // PREMUL_SUM's factor is read only where cnccl applies it itself; otherwise the engine does,
+  // and a CUDA tensor factor never travels to the host.
+  if (op.op_ == RedOp::PREMUL_SUM && is_staged(p, op, as_is)) {
+    p = plan_reduction(config, t.scalar_type(), nbytes, op.op_, device_->premul_factor(op), size_);
+  }
+  return p;
+}
+
+std::vector<std::vector<size_t>> Composition::calls_for(const std::vector<at::Tensor>& tensors) const {
+  if (!engine_.coalesces_mixed_dtypes) return by_dtype(tensors);
+  std::vector<size_t> all(tensors.size());
+  std::iota(all.begin(), all.end(), 0);
+  return tensors.empty() ? std::vector<std::vector<size_t>>{} : std::vector<std::vector<size_t>>{all};
+}
+
+bool Composition::is_staged(const Plan& p, const c10d::ReduceOp& op, bool as_is) const {
+  const bool scaled_op = op.op_ == RedOp::AVG || op.op_ == RedOp::PREMUL_SUM;
+  return p.compress || !as_is || (scaled_op && !engine_.reduces_avg_and_premul);
+}
+
+at::Tensor Composition::stage(const at::Tensor& src, const Plan& p, int64_t numel) const {
+  const auto dtype = p.compress ? wire_dtype(p.wire) : src.scalar_type();
+  return at::empty({numel}, src.options().dtype(dtype));
+}
+
+void Composition::stage_into(const at::Tensor& src, const at::Tensor& dst, const Plan& p) const {
+  if (p.compress) {
+    device_->cast(flat(src), dst, p);
+    return;
+  }
+  dst.copy_(flat(src));
+  if (p.pre_scale != 1.0) dst.mul_(p.pre_scale);
+}
+
+c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& tensors,
+                                                      const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "cnccl allreduce: expects exactly one tensor, got ", tensors.size());
+  const at::Tensor& t = tensors[0];
+  check_tensor(t, t, "allreduce");
+  const Plan p = plan(config_, t, t.nbytes(), opts.reduceOp, t.is_contiguous());
+  record_stats(stats_, t, t.numel(), p);
+  if (!is_staged(p, opts.reduceOp, t.is_contiguous())) return inner().allreduce(tensors, opts);
+  c10::DeviceGuard guard(t.device());
+  std::vector<at::Tensor> stages{stage(t, p, t.numel())};
+  stage_into(t, stages[0], p);
+  auto work = inner().allreduce(stages, with_op(opts, p.inner_op));
+  return finish(c10d::OpType::ALLREDUCE, "allreduce", opts.asyncOp, {work}, {{stages[0], t, p}}, {}, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "cnccl allreduce_coalesced: no tensors");
+  std::vector<at::Tensor> direct;
+  std::vector<Staged> staged;
+  for (const auto& t : tensors) {
+    check_tensor(t, tensors[0], "allreduce_coalesced");
+    const Plan p = plan(config_, t, t.nbytes(), opts.reduceOp, t.is_contiguous());
+    record_stats(stats_, t, t.numel(), p);
+    if (is_staged(p, opts.reduceOp, t.is_contiguous())) {
+      staged.push_back({stage(t, p, t.numel()), t, p});
+    } else {
+      direct.push_back(t);
+    }
+  }
+  const bool one_call = by_dtype(tensors).size() == 1 || engine_.coalesces_mixed_dtypes;
+  if (staged.empty() && one_call) return inner().allreduce_coalesced(tensors, opts);
+  c10::DeviceGuard guard(tensors[0].device());
+  for (const auto& s : staged) stage_into(s.target, s.stage, s.plan);
+  // Staged tensors reduce with the plan's inner op (their scales are already applied), the
+  // others with the caller's: each kind is its own coalesced call, and each dtype too (engines
+  // refuse mixed ones). Every rank splits alike.
+  std::vector<WorkPtr> works;
+  const std::vector<at::Tensor> stages = stages_of(staged);
+  for (const auto& group : calls_for(stages)) {
+    auto part = pick(stages, group);
+    works.push_back(inner().allreduce_coalesced(part, with_op(opts, staged[group[0]].plan.inner_op)));
+  }
+  for (const auto& group : calls_for(direct)) {
+    auto part = pick(direct, group);
+    works.push_back(inner().allreduce_coalesced(part, opts));
+  }
+  return finish(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", opts.asyncOp, std::move(works),
+                std::move(staged), {}, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::ReduceScatterOptions& opts) {
+  check_reduce_scatter(output, input, size_, "reduce_scatter_tensor");
+  const bool contiguous = input.is_contiguous() && output.is_contiguous();
+  const Plan p = plan(config_, input, input.nbytes(), opts.reduceOp, contiguous);
+  record_stats(stats_, input, input.numel(), p);
+  if (!is_staged(p, opts.reduceOp, contiguous)) return inner()._reduce_scatter_base(output, input, opts);
+  c10::DeviceGuard guard(input.device());
+  at::Tensor stage_in = stage(input, p, input.numel());
+  stage_into(input, stage_in, p);
+  at::Tensor stage_out = stage(input, p, output.numel());
+  auto work = inner()._reduce_scatter_base(stage_out, stage_in, with_op(opts, p.inner_op));
+  return finish(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts.asyncOp, {work},
+                {{stage_out, output, p}}, {stage_in}, {output});
+}
+
+c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                                           const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1, "cnccl reduce_scatter: expects one output and one "
+                    "input list, got ", outputs.size(), " and ", inputs.size());
+  const at::Tensor& out = outputs[0];
+  check_tensor(out, out, "reduce_scatter");
+  TORCH_CHECK_VALUE(int(inputs[0].size()) == size_, "cnccl reduce_scatter: input list has ", inputs[0].size(),
+                    " tensors, expected one per rank (", size_, ")");
+  for (const auto& in : inputs[0]) {
+    check_tensor(in, out, "reduce_scatter");
+    TORCH_CHECK_TYPE(in.scalar_type() == out.scalar_type(), "cnccl reduce_scatter: input dtype ", in.scalar_type(),
+                     " does not match output dtype ", out.scalar_type());
+    TORCH_CHECK_VALUE(in.numel() == out.numel(), "cnccl reduce_scatter: an input has ", in.numel(),
+                      " elements, expected the output's ", out.numel());
+  }
+  bool contiguous = out.is_contiguous();
+  for (const auto& in : inputs[0]) contiguous = contiguous && in.is_contiguous();
+  const Plan p = plan(config_, out, out.nbytes() * size_, opts.reduceOp, contiguous);
+  record_stats(stats_, out, out.numel() * size_, p);
+  if (!is_staged(p, opts.reduceOp, contiguous)) return inner().reduce_scatter(outputs, inputs, opts);
+  c10::DeviceGuard guard(out.device());
+  // The list goes out as one flat staged buffer, written part by part: the engine's own list
+  // form would copy the inputs into one first.
+  at::Tensor stage_in = stage(out, p, out.numel() * size_);
+  for (int i = 0; i < size_; ++i) stage_into(inputs[0][i], stage_in.narrow(0, i * out.numel(), out.numel()), p);
+  at::Tensor stage_out = stage(out, p, out.numel());
+  auto work = inner()._reduce_scatter_base(stage_out, stage_in, with_op(opts, p.inner_op));
+  return finish(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts.asyncOp, {work}, {{stage_out, out, p}},
+                {stage_in}, outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                            std::vector<at::Tensor>& inputs,
+                                                                            const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size() && !inputs.empty(), "cnccl reduce_scatter_tensor_coalesced: "
+                    "needs as many outputs as inputs, got ", outputs.size(), " and ", inputs.size());
+  std::vector<at::Tensor> direct_in, direct_out, staged_in, stage_ins;
+  std::vector<Staged> staged;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(inputs[i], inputs[0], "reduce_scatter_tensor_coalesced");
+    check_reduce_scatter(outputs[i], inputs[i], size_, "reduce_scatter_tensor_coalesced");
+    const bool contiguous = inputs[i].is_contiguous() && outputs[i].is_contiguous();
+    const Plan p = plan(config_, inputs[i], inputs[i].nbytes(), opts.reduceOp, contiguous);
+    record_stats(stats_, inputs[i], inputs[i].numel(), p);
+    if (is_staged(p, opts.reduceOp, contiguous)) {
+      staged_in.push_back(inputs[i]);
+      stage_ins.push_back(stage(inputs[i], p, inputs[i].numel()));
+      staged.push_back({stage(inputs[i], p, outputs[i].numel()), outputs[i], p});
+    } else {
+      direct_in.push_back(inputs[i]);
+      direct_out.push_back(outputs[i]);
+    }
+  }
+  const bool one_call = by_dtype(inputs).size() == 1 || engine_.coalesces_mixed_dtypes;
+  if (staged.empty() && one_call) return inner().reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  c10::DeviceGuard guard(inputs[0].device());
+  for (size_t i = 0; i < staged.size(); ++i) stage_into(staged_in[i], stage_ins[i], staged[i].plan);
+  std::vector<WorkPtr> works;
+  const std::vector<at::Tensor> stage_outs = stages_of(staged);
+  for (const auto& group : calls_for(stage_outs)) {
+    auto outs = pick(stage_outs, group);
+    auto ins = pick(stage_ins, group);
+    works.push_back(inner().reduce_scatter_tensor_coalesced(outs, ins, with_op(opts, staged[group[0]].plan.inner_op)));
+  }
+  for (const auto& group : calls_for(direct_in)) {
+    auto outs = pick(direct_out, group);
+    auto ins = pick(direct_in, group);
+    works.push_back(inner().reduce_scatter_tensor_coalesced(outs, ins, opts));
+  }
+  return finish(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", opts.asyncOp, std::move(works),
+                std::move(staged), std::move(stage_ins), outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> Composition::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "cnccl reduce: expects exactly one tensor, got ", tensors.size());
+  const at::Tensor& t = tensors[0];
+  check_tensor(t, t, "reduce");
+  Config lossless = config_;
+  lossless.wire.reset();
+  const bool root = opts.rootRank == rank_;
+  const bool as_is = t.is_contiguous() && (root || engine_.reduce_keeps_non_root);
+  const Plan p = plan(lossless, t, t.nbytes(), opts.reduceOp, as_is);
+  record_stats(stats_, t, t.numel(), p);
+  if (!is_staged(p, opts.reduceOp, as_is)) return inner().reduce(tensors, opts);
+  c10::DeviceGuard guard(t.device());
+  std::vector<at::Tensor> stages{stage(t, p, t.numel())};
+  stage_into(t, stages[0], p);
+  auto work = inner().reduce(stages, with_op(opts, p.inner_op));
+  std::vector<Staged> staged;
+  if (root) staged.push_back({stages[0], t, p});
+  return finish(c10d::OpType::REDUCE, "reduce", opts.asyncOp, {work}, std::move(staged), stages, tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> Composition::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                std::vector<at::Tensor>& inputs,
+                                                                const c10d::AllgatherOptions& opts) {
+  const auto groups = by_dtype(inputs);
+  if (groups.size() <= 1 || engine_.coalesces_mixed_dtypes) return inner().allgather_coalesced(outputs, inputs, opts);
+  TORCH_CHECK_VALUE(int(outputs.size()) == size_, "cnccl allgather_coalesced: expected one output list per rank (",
+                    size_, "), got ", outputs.size());
+  std::vector<WorkPtr> works;
+  std::vector<at::Tensor> all_outputs;
+  for (const auto& list : outputs) {
+    TORCH_CHECK_VALUE(list.size() == inputs.size(), "cnccl allgather_coalesced: each output list needs one tensor per "
+                      "input (", inputs.size(), "), got ", list.size());
+    all_outputs.insert(all_outputs.end(), list.begin(), list.end());
+  }
+  for (const auto& group : groups) {
+    std::vector<std::vector<at::Tensor>> outs;
+    for (const auto& list : outputs) outs.push_back(pick(list, group));
+    auto ins = pick(inputs, group);
+    works.push_back(inner().allgather_coalesced(outs, ins, opts));
+  }
+  return finish(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", opts.asyncOp, std::move(works), {}, {},
+                all_outputs);
+}
+
+WorkPtr Composition::finish(c10d::OpType type, const char* name, bool async_op, std::vector<WorkPtr> works,
+                            std::vector<Staged> staged, std::vector<at::Tensor> inputs,
+                            std::vector<at::Tensor> outputs) {
+  const at::Device device = outputs.front().device();
+  // CPU futures take no devices; CUDA ones record events on the current streams.
+  const std::vector<c10::Device> devices = device.is_cpu() ? std::vector<c10::Device>{} : std::vector{device};
+  const auto list_type = c10::ListType::create(c10::TensorType::get());
+  const std::string context = std::string("cnccl ") + name + " (over " + engine_.name + ")";
+  std::vector<FuturePtr> futures;
+  std::vector<WorkPtr> issued;
+  // A point on the caller's current stream (CUDA) or in program order (CPU).
+  auto completed_here = [&] {
+    auto done = c10::make_intrusive<c10::ivalue::Future>(list_type, devices);
+    done->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+    return done;
+  };
+  for (auto& w : works) {
+    // No work: the engine ran synchronously (asyncOp=false: ProcessGroupNCCL on the caller's
+    // current stream, gloo on this thread).
+    if (!w) {
+      futures.push_back(completed_here());
+      continue;
+    }
+    FuturePtr f = future_of(*w);
+    if (!f) {
+      // Some of gloo's works (reduce_scatter_single in torch 2.15) have no future to chain on.
+      try {
+        w->wait();
+      } catch (...) {
+        std::rethrow_exception(as_backend_error(std::current_exception(), context + ": the inner collective failed"));
+      }
+      f = completed_here();
+    }
+    futures.push_back(std::move(f));
+    issued.push_back(std::move(w));
+  }
+  // Everything the engine or the restores touch: the device keeps it from the allocator until done.
+  std::vector<at::Tensor> buffers = std::move(inputs);
+  for (const auto& s : staged) buffers.push_back(s.stage);
+  buffers.insert(buffers.end(), outputs.begin(), outputs.end());
+  auto result = c10::make_intrusive<c10::ivalue::Future>(list_type, devices);
+  auto work = c10::make_intrusive<ComposedWork>(rank_, type, context, seq_++, std::move(issued), result, outputs);
+  auto restore = [device = device_, work, result, futures, staged = std::move(staged), buffers = std::move(buffers),
+                  outputs, context] {
+    for (const auto& f : futures) {
+      if (f->hasError()) {
+        // Nothing was written back: the caller's tensors hold what they held before the call.
+        result->setError(as_backend_error(f->exception_ptr(), context + ": the inner collective failed"));
+        return;
+      }
+    }
+    try {
+      device->after(futures, buffers, [&] {
+        for (const auto& s : staged) unstage(*device, s);
+        work->set_done_probe(device->done_probe());
+        result->markCompleted(c10::IValue(outputs));
+      });
+    } catch (...) {
+      if (!result->completed()) result->setError(as_backend_error(std::current_exception(), context));
+    }
+  };
+  const bool all_done = std::all_of(futures.begin(), futures.end(), [](const FuturePtr& f) { return f->completed(); });
+  if (all_done) {
+    restore();
+  } else if (futures.size() == 1) {
+    futures[0]->addCallback([restore](c10::ivalue::Future&) { restore(); });
+  } else {
+    c10::List<FuturePtr> list(c10::FutureType::create(c10::AnyType::get()));
+    for (const auto& f : futures) list.push_back(f);
+    c10::collectAll(list)->addCallback([restore](c10::ivalue::Future&) { restore(); });
+  }
+  if (!async_op) work->wait();
+  return work;
+}
+
+}  // namespace cnccl::composed

@@ -1,0 +1,97 @@
+// The composed path (docs/design.md, "The composed path"): cnccl's compression wrapped around an
+// inner c10d engine (ProcessGroupNCCL for CUDA tensors; ProcessGroupGloo for CPU tensors with
+// cpu_engine=gloo). For each allreduce / reduce_scatter: plan -> stage (cast to 16 bits) ->
+// inner collective -> restore into the caller's tensors, with a future that completes after the
+// restore. It knows neither the engine nor the device: the Device interface holds what differs.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "backend/composed/device.h"
+#include "backend/options.h"
+#include "backend/stats.h"
+
+namespace cnccl::composed {
+
+struct Engine {
+  c10::intrusive_ptr<c10d::Backend> backend;
+  std::string name;  // "nccl", "gloo": for messages
+  // What gloo lacks and the composition makes up for. NCCL has all three.
+  // AVG and PREMUL_SUM (gloo has no PREMUL_SUM and no integer AVG): the composition applies their
+  // scales around a SUM, as it does when compressing.
+  bool reduces_avg_and_premul = true;
+  // gloo's reduce overwrites the non-root ranks' tensors: they reduce a copy instead.
+  bool reduce_keeps_non_root = true;
+  // gloo refuses allreduce_coalesced of mixed dtypes and garbles allgather_coalesced of them:
+  // such calls go out as one coalesced call per dtype.
+  bool coalesces_mixed_dtypes = true;
+};
+
+class Composition {
+ public:
+  // `stats`: where the composition counts its collectives; null where the caller already does
+  // (ProcessGroupCNCCL's funnel for CPU tensors).
+  Composition(Engine engine, std::shared_ptr<Device> device, const Config& config, Stats* stats, int rank, int size);
+
+  // Every collective that is not an allreduce or reduce_scatter goes straight to the engine.
+  c10d::Backend& inner() { return *engine_.backend; }
+  const std::string& engine_name() const { return engine_.name; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts);
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts);
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
+                                                       const c10d::ReduceScatterOptions& opts);
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts);
+  // Never compressed (docs/design.md, "Semantics"); staged only for
+  // what the engine lacks.
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts);
+
+  // One tensor staged for the engine: a 16-bit copy (compressed) or a scaled copy in its own
+  // dtype (an op the engine lacks, or a strided tensor). The result goes back into `target`,
+  // unless there is none (reduce's non-root ranks).
+  struct Staged {
+    at::Tensor stage;
+    at::Tensor target;
+    Plan plan;
+  };
+
+ private:
+  using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+
+  Plan plan(const Config& config, const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp& op, bool as_is);
+  // Whether a tensor goes to the engine as a staged copy. `as_is`: whether it (and the tensors it
+  // pairs with) could go as they are: contiguous (engines read one block, and gloo silently
+  // misreads strided inputs), and not a non-root reduce input that gloo would overwrite.
+  bool is_staged(const Plan& p, const c10d::ReduceOp& op, bool as_is) const;
+  // The coalesced engine calls for `tensors`: one, or one per dtype for an engine that needs it.
+  std::vector<std::vector<size_t>> calls_for(const std::vector<at::Tensor>& tensors) const;
+  at::Tensor stage(const at::Tensor& src, const Plan& p, int64_t numel) const;
+  void stage_into(const at::Tensor& src, const at::Tensor& dst, const Plan& p) const;
+  // Builds cnccl's work over the engine's works: the restores run once those are done; a
+  // synchronous call (asyncOp=false) returns only once the caller's stream sees them.
+  WorkPtr finish(c10d::OpType type, const char* name, bool async_op, std::vector<WorkPtr> works,
+                 std::vector<Staged> staged, std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs);
+
+  const Engine engine_;
+  const std::shared_ptr<Device> device_;
+  const Config config_;
+  Stats* const stats_;
+  const int rank_;
+  const int size_;
+  std::atomic<uint64_t> seq_{0};
+};
+
+}  // namespace cnccl::composed

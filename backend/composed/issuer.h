@@ -1,0 +1,41 @@
+// Issues an engine's collectives from one thread, in call order, each once every rank has shown
+// the same signature (one small allgather on the engine itself). It gives gloo what cnccl's host
+// path gets from its headers (docs/design.md, "Agreement"): ranks that disagree fail at once,
+// naming both calls, where gloo alone hangs, aborts the process on a size mismatch or mixes
+// dtypes silently; a rank that never arrives fails after the timeout, naming a peer; abort() and
+// shutdown() end outstanding works at once; a group that failed stays failed and says why.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace cnccl::composed {
+
+class Issuer {
+ public:
+  Issuer(c10::intrusive_ptr<c10d::Backend> engine, std::string group_name);
+  ~Issuer();
+  Issuer(const Issuer&) = delete;
+  Issuer& operator=(const Issuer&) = delete;
+
+  using Issue = std::function<c10::intrusive_ptr<c10d::Work>()>;
+
+  // Queues `issue` (which calls the engine, or the composition over it); the returned work
+  // completes with the engine's work, or fails naming `name`, `seq` and the group.
+  // `signature` is what every rank must agree on ("16384 x Float, SUM, fp16 wire").
+  c10::intrusive_ptr<c10d::Work> submit(c10d::OpType type, const char* name, uint64_t seq, std::string signature,
+                                        std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+                                        Issue issue);
+  // Ends every outstanding work with an error naming `why`; later submissions fail the same way.
+  void abort(const std::string& why);
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace cnccl::composed

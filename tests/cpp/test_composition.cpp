@@ -1,0 +1,256 @@
+// The composed path against a test double that keeps ProcessGroupNCCL's contract (torch >= 2.8):
+// no Work for a synchronous call, futures that complete later than the call returns, failures
+// raised as DistBackendError. Oracles are plain ATen arithmetic written here, not cnccl's code.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <deque>
+#include <functional>
+
+#include "backend/composed/composition.h"
+
+namespace cnccl::composed {
+namespace {
+
+constexpr int kWorld = 4;
+
+// A group of kWorld ranks whose peers all hold what this rank holds: SUM multiplies by kWorld in
+// the tensor's own dtype (one rounding, as one 16-bit add would round), MIN/MAX leave it.
+class NcclLikeEngine : public c10d::Backend {
+ public:
+  NcclLikeEngine() : c10d::Backend(0, kWorld) {}
+  const std::string getBackendName() const override { return "nccl-like"; }
+
+  // What each call received: the tensors' dtypes, and the op.
+  std::vector<std::pair<std::vector<at::ScalarType>, RedOp>> calls;
+  bool fail_next = false;
+
+  // Runs the calls left pending, oldest first, and completes their futures ("late").
+  void complete_pending() {
+    while (!pending_.empty()) {
+      auto run = std::move(pending_.front());
+      pending_.pop_front();
+      run();
+    }
+  }
+  size_t pending() const { return pending_.size(); }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    return issue(tensors, opts.reduceOp.op_, opts.asyncOp, [tensors, op = opts.reduceOp.op_] {
+      for (const auto& t : tensors) reduce(t, op);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override {
+    return allreduce(tensors, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override {
+    std::vector<at::Tensor> ts{input};
+    return issue(ts, opts.reduceOp.op_, opts.asyncOp, [output, input, rank = rank_, op = opts.reduceOp.op_] {
+      at::Tensor mine = input.narrow(0, rank * output.numel(), output.numel()).clone();
+      reduce(mine, op);
+      output.copy_(mine);
+    });
+  }
+
+ private:
+  class Work : public c10d::Work {
+   public:
+    explicit Work(c10::intrusive_ptr<c10::ivalue::Future> f) : future_(std::move(f)) {}
+    bool wait(std::chrono::milliseconds) override {
+      future_->wait();
+      if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+      return true;
+    }
+    bool isCompleted() override { return future_->completed(); }
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+   private:
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
+  };
+
+  static void reduce(const at::Tensor& t, RedOp op) {
+    if (op == RedOp::SUM) t.mul_(kWorld);
+    ASSERT_TRUE(op == RedOp::SUM || op == RedOp::MIN || op == RedOp::MAX) << "the engine got op " << int(op);
+  }
+
+  c10::intrusive_ptr<c10d::Work> issue(const std::vector<at::Tensor>& tensors, RedOp op, bool async_op,
+                                       std::function<void()> run) {
+    std::vector<at::ScalarType> dtypes;
+    for (const auto& t : tensors) dtypes.push_back(t.scalar_type());
+    calls.emplace_back(dtypes, op);
+    if (!async_op) {
+      run();
+      return {};  // ProcessGroupNCCL since torch 2.8: the kernel ran on the current stream, no Work
+    }
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    const bool fail = std::exchange(fail_next, false);
+    pending_.push_back([future, run, fail, tensors] {
+      if (fail) {
+        future->setError(std::make_exception_ptr(
+            c10::DistBackendError({__func__, __FILE__, uint32_t(__LINE__)}, "NCCL communicator was aborted")));
+        return;
+      }
+      run();
+      future->markCompleted(c10::IValue(tensors));
+    });
+    return c10::make_intrusive<Work>(future);
+  }
+
+  std::deque<std::function<void()>> pending_;
+};
+
+// torch's ReduceOp(op, supplement) constructor drops the supplement, so the fields are set here.
+c10d::ReduceOp premul_sum(const at::Tensor& factor) {
+  c10d::ReduceOp op;
+  op.op_ = RedOp::PREMUL_SUM;
+  op.supplement_ = c10::make_intrusive<c10d::NCCLPreMulSumSupplement>(factor);
+  return op;
+}
+
+class CompositionTest : public ::testing::Test {
+ protected:
+  CompositionTest() : engine_(c10::make_intrusive<NcclLikeEngine>()) {
+    config_.min_bytes = 1024;
+    composition_ = std::make_unique<Composition>(Engine{engine_, "nccl-like"}, make_cpu_device(), config_, &stats_, 0,
+                                                 kWorld);
+  }
+
+  NcclLikeEngine& engine() { return *engine_; }
+  Composition& composition() { return *composition_; }
+
+  // What the composed path must produce for an allreduce of `x` on kWorld identical ranks:
+  // round16(x * pre) summed (one rounding), widened, times post. Plain ATen, fp16 wire.
+  static at::Tensor expected_sum(const at::Tensor& x, double pre, double post) {
+    at::Tensor wire = (x.to(at::kFloat) * pre).to(at::kHalf);
+    return (wire * kWorld).to(at::kFloat).mul(post).to(x.scalar_type());
+  }
+
+  static at::Tensor values(int64_t n) {
+    return at::linspace(-3.0, 5.0, n, at::kFloat).add(1.0 / 3.0);
+  }
+
+  Config config_;
+  Stats stats_;
+  c10::intrusive_ptr<NcclLikeEngine> engine_;
+  std::unique_ptr<Composition> composition_;
+};
+
+TEST_F(CompositionTest, SynchronousCallWithNoEngineWorkRestoresBeforeReturning) {
+  at::Tensor x = values(4096);
+  std::vector<at::Tensor> ts{x.clone()};
+  c10d::AllreduceOptions opts;
+  opts.asyncOp = false;
+  auto work = composition().allreduce(ts, opts);
+  ASSERT_TRUE(work) << "cnccl returns a Work even when the engine returns none";
+  EXPECT_TRUE(work->isCompleted());
+  EXPECT_TRUE(at::equal(ts[0], expected_sum(x, 1.0, 1.0)));
+  EXPECT_EQ(engine().calls.at(0).first, std::vector<at::ScalarType>{at::kHalf});
+  EXPECT_TRUE(work->wait());
+}
+
+TEST_F(CompositionTest, FutureCompletesOnlyAfterTheEngineAndTheRestore) {
+  at::Tensor x = values(4096);
+  std::vector<at::Tensor> ts{x.clone()};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp(RedOp::AVG);
+  auto work = composition().allreduce(ts, opts);
+  auto future = work->getFuture();
+  EXPECT_FALSE(future->completed());
+  EXPECT_FALSE(work->isCompleted());
+  EXPECT_TRUE(at::equal(ts[0], x)) << "the tensor changed before the engine finished";
+  engine().complete_pending();
+  ASSERT_TRUE(future->completed());
+  EXPECT_TRUE(work->isCompleted());
+  EXPECT_TRUE(at::equal(ts[0], expected_sum(x, 1.0 / kWorld, 1.0)));
+  const auto value = future->value().toTensorVector();
+  ASSERT_EQ(value.size(), 1u);
+  EXPECT_TRUE(value[0].is_same(ts[0])) << "the future holds the caller's own tensor";
+  EXPECT_EQ(engine().calls.at(0).second, RedOp::SUM) << "AVG's division was applied in the cast";
+}
+
+TEST_F(CompositionTest, EngineFailureIsADistBackendErrorAndLeavesTheTensor) {
+  at::Tensor x = values(4096);
+  std::vector<at::Tensor> ts{x.clone()};
+  engine().fail_next = true;
+  auto work = composition().allreduce(ts, c10d::AllreduceOptions());
+  engine().complete_pending();
+  EXPECT_TRUE(work->isCompleted());
+  EXPECT_FALSE(work->isSuccess());
+  EXPECT_THROW(work->wait(), c10::DistBackendError);
+  EXPECT_TRUE(work->getFuture()->hasError());
+  EXPECT_TRUE(at::equal(ts[0], x)) << "a failed collective wrote into the caller's tensor";
+  try {
+    work->wait();
+  } catch (const c10::DistBackendError& e) {
+    const std::string what = e.what_without_backtrace();
+    EXPECT_NE(what.find("cnccl allreduce (over nccl-like)"), std::string::npos) << what;
+    EXPECT_NE(what.find("communicator was aborted"), std::string::npos) << what;
+  }
+}
+
+TEST_F(CompositionTest, CoalescedCallSplitsByKindAndCompletesAfterEveryPart) {
+  at::Tensor big = values(4096), small = values(16), ints = at::arange(10, at::kLong);
+  std::vector<at::Tensor> ts{big.clone(), small.clone(), ints.clone()};
+  auto work = composition().allreduce_coalesced(ts, c10d::AllreduceCoalescedOptions());
+  ASSERT_EQ(engine().calls.size(), 2u) << "one call for the compressed tensor, one for the plain ones";
+  EXPECT_EQ(engine().calls[0].first, std::vector<at::ScalarType>{at::kHalf});
+  EXPECT_EQ(engine().calls[1].first, (std::vector<at::ScalarType>{at::kFloat, at::kLong}));
+  EXPECT_EQ(engine().pending(), 2u);
+  EXPECT_FALSE(work->getFuture()->completed());
+  engine().complete_pending();
+  ASSERT_TRUE(work->getFuture()->completed());
+  EXPECT_TRUE(at::equal(ts[0], expected_sum(big, 1.0, 1.0)));
+  EXPECT_TRUE(at::equal(ts[1], small * kWorld));
+  EXPECT_TRUE(at::equal(ts[2], ints * kWorld));
+}
+
+TEST_F(CompositionTest, UncompressedPremulSumNeverReadsItsTensorFactor) {
+  // A meta tensor cannot be read on the host: reading it would throw.
+  const at::Tensor factor = at::ones({1}, at::TensorOptions().device(at::kMeta));
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = premul_sum(factor);
+  std::vector<at::Tensor> small{values(16)};  // below min_bytes: goes to the engine as it is
+  EXPECT_NO_THROW(composition().allreduce(small, opts));
+  EXPECT_EQ(engine().calls.back().second, RedOp::PREMUL_SUM) << "the engine applies the factor itself";
+  std::vector<at::Tensor> big{values(4096)};
+  try {
+    composition().allreduce(big, opts);
+    ADD_FAILURE() << "compressing needs the factor on the host, which a meta tensor cannot give";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("meta"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CompositionTest, PremulSumTensorFactorIsAppliedInTheCast) {
+  const at::Tensor x = values(4 * 1024);
+  at::Tensor out = at::empty({1024});
+  at::Tensor in = x.clone();
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = premul_sum(at::full({1}, 0.5));
+  auto work = composition().reduce_scatter_tensor(out, in, opts);
+  engine().complete_pending();
+  work->wait();
+  EXPECT_TRUE(at::equal(out, expected_sum(x.narrow(0, 0, 1024), 0.5, 1.0)));
+  EXPECT_TRUE(at::equal(in, x)) << "reduce_scatter must not modify its input";
+}
+
+TEST_F(CompositionTest, StridedTensorIsReducedThroughAContiguousStage) {
+  at::Tensor base = values(64 * 64).view({64, 64});
+  at::Tensor view = base.t();
+  const at::Tensor expected = expected_sum(view.contiguous(), 1.0, 1.0);
+  std::vector<at::Tensor> ts{view};
+  composition().allreduce(ts, c10d::AllreduceOptions());
+  engine().complete_pending();
+  EXPECT_TRUE(at::equal(view, expected)) << "the result must land in the caller's memory through the view";
+}
+
+}  // namespace
+}  // namespace cnccl::composed
