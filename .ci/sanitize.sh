@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the C++ tests with sanitizers and runs them:
 #   asan  AddressSanitizer (with LeakSanitizer) + UndefinedBehaviorSanitizer: every C++ test
-#         (codec, policy, host threads; the example runs as two processes under plain ctest)
+#         (codec, policy, host threads, composition; the example runs as two processes under plain ctest)
 #   tsan  ThreadSanitizer: the host path's threading test
 # Usage: .ci/sanitize.sh [asan|tsan|all]   (after .ci/setup; CI runs asan). Exit 1 on any report.
 set -uo pipefail
@@ -29,7 +29,7 @@ run_config() {  # name sanitizers targets...
 if [[ $which == asan || $which == all ]]; then
   ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1" \
   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-    run_config asan address,undefined test_codec test_policy test_host_threads || status=1
+    run_config asan address,undefined test_codec test_policy test_host_threads test_composition || status=1
 fi
 if [[ $which == tsan || $which == all ]]; then
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \

@@ -18,6 +18,7 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
     : c10d::Backend(rank, size), store_(store), options_(std::move(options)) {
   TORCH_CHECK_VALUE(options_, "cnccl: options must not be None");
   config_ = options_->resolve();
+  const std::string name = options_->group_name.empty() ? "unnamed" : options_->group_name;
   if (config_.cpu_engine == CpuEngine::kGloo) {
     TORCH_CHECK_VALUE(cpu_engine && cpu_engine->getBackendName() == "gloo", "cnccl: cpu_engine=gloo needs torch's "
                       "ProcessGroupGloo passed to the constructor (the Python registration does this)");
@@ -25,12 +26,10 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
                             /*coalesces_mixed_dtypes=*/false};
     cpu_composed_ = std::make_shared<composed::Composition>(std::move(engine), composed::make_cpu_device(), config_,
                                                             /*stats=*/nullptr, rank, size);
-    issuer_ = std::make_unique<composed::Issuer>(cpu_engine, options_->group_name.empty() ? "unnamed"
-                                                                                           : options_->group_name);
+    issuer_ = std::make_unique<composed::Issuer>(cpu_engine, name);
     return;
   }
   TORCH_CHECK_VALUE(!cpu_engine, "cnccl: a CPU engine was passed, but cpu_engine is ucx");
-  const std::string name = options_->group_name.empty() ? "unnamed" : options_->group_name;
   comm_ = std::make_unique<host::Comm>(std::make_unique<host::UcxTransport>(store, rank, size), name);
   executor_ = std::make_unique<host::Executor>(*comm_);
 }

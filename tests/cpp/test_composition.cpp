@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 
@@ -26,6 +27,10 @@ class NcclLikeEngine : public c10d::Backend {
 
   // What each call received: the tensors' dtypes, and the op.
   std::vector<std::pair<std::vector<at::ScalarType>, RedOp>> calls;
+  // The memory every call read or wrote.
+  std::vector<const void*> touched;
+  // How often a work's wait() was called (ProcessGroupNCCL's blocks the host with blocking wait).
+  int waits = 0;
   bool fail_next = false;
 
   // Runs the calls left pending, oldest first, and completes their futures ("late").
@@ -52,7 +57,7 @@ class NcclLikeEngine : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
-    std::vector<at::Tensor> ts{input};
+    std::vector<at::Tensor> ts{input, output};
     return issue(ts, opts.reduceOp.op_, opts.asyncOp, [output, input, rank = rank_, op = opts.reduceOp.op_] {
       at::Tensor mine = input.narrow(0, rank * output.numel(), output.numel()).clone();
       reduce(mine, op);
@@ -63,8 +68,9 @@ class NcclLikeEngine : public c10d::Backend {
  private:
   class Work : public c10d::Work {
    public:
-    explicit Work(c10::intrusive_ptr<c10::ivalue::Future> f) : future_(std::move(f)) {}
+    Work(c10::intrusive_ptr<c10::ivalue::Future> f, int* waits) : future_(std::move(f)), waits_(waits) {}
     bool wait(std::chrono::milliseconds) override {
+      ++*waits_;
       future_->wait();
       if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
       return true;
@@ -74,6 +80,7 @@ class NcclLikeEngine : public c10d::Backend {
 
    private:
     c10::intrusive_ptr<c10::ivalue::Future> future_;
+    int* waits_;
   };
 
   static void reduce(const at::Tensor& t, RedOp op) {
@@ -84,7 +91,10 @@ class NcclLikeEngine : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> issue(const std::vector<at::Tensor>& tensors, RedOp op, bool async_op,
                                        std::function<void()> run) {
     std::vector<at::ScalarType> dtypes;
-    for (const auto& t : tensors) dtypes.push_back(t.scalar_type());
+    for (const auto& t : tensors) {
+      dtypes.push_back(t.scalar_type());
+      touched.push_back(t.const_data_ptr());
+    }
     calls.emplace_back(dtypes, op);
     if (!async_op) {
       run();
@@ -101,7 +111,7 @@ class NcclLikeEngine : public c10d::Backend {
       run();
       future->markCompleted(c10::IValue(tensors));
     });
-    return c10::make_intrusive<Work>(future);
+    return c10::make_intrusive<Work>(future, &waits);
   }
 
   std::deque<std::function<void()>> pending_;
@@ -115,12 +125,33 @@ c10d::ReduceOp premul_sum(const at::Tensor& factor) {
   return op;
 }
 
+// The CPU device, noting which buffers the composition asks it to keep from the allocator until the
+// restores are done (the CUDA device records them on its side stream).
+class KeepingDevice : public Device {
+ public:
+  std::vector<const void*> kept;
+
+  double premul_factor(const c10d::ReduceOp& op) override { return cpu_->premul_factor(op); }
+  void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan) override { cpu_->cast(wide, wire, plan); }
+  void restore(const at::Tensor& wire, const at::Tensor& wide, const Plan& plan) override {
+    cpu_->restore(wire, wide, plan);
+  }
+  void after(const std::vector<FuturePtr>& inner, const std::vector<at::Tensor>& buffers,
+             const std::function<void()>& body) override {
+    for (const auto& b : buffers) kept.push_back(b.const_data_ptr());
+    cpu_->after(inner, buffers, body);
+  }
+  std::function<bool()> done_probe() override { return cpu_->done_probe(); }
+
+ private:
+  std::shared_ptr<Device> cpu_ = make_cpu_device();
+};
+
 class CompositionTest : public ::testing::Test {
  protected:
-  CompositionTest() : engine_(c10::make_intrusive<NcclLikeEngine>()) {
+  CompositionTest() : engine_(c10::make_intrusive<NcclLikeEngine>()), device_(std::make_shared<KeepingDevice>()) {
     config_.min_bytes = 1024;
-    composition_ = std::make_unique<Composition>(Engine{engine_, "nccl-like"}, make_cpu_device(), config_, &stats_, 0,
-                                                 kWorld);
+    composition_ = std::make_unique<Composition>(Engine{engine_, "nccl-like"}, device_, config_, &stats_, 0, kWorld);
   }
 
   NcclLikeEngine& engine() { return *engine_; }
@@ -140,6 +171,7 @@ class CompositionTest : public ::testing::Test {
   Config config_;
   Stats stats_;
   c10::intrusive_ptr<NcclLikeEngine> engine_;
+  std::shared_ptr<KeepingDevice> device_;
   std::unique_ptr<Composition> composition_;
 };
 
@@ -250,6 +282,53 @@ TEST_F(CompositionTest, StridedTensorIsReducedThroughAContiguousStage) {
   composition().allreduce(ts, c10d::AllreduceOptions());
   engine().complete_pending();
   EXPECT_TRUE(at::equal(view, expected)) << "the result must land in the caller's memory through the view";
+}
+
+TEST_F(CompositionTest, EveryBufferTheEngineTouchedIsKeptUntilTheRestoresRan) {
+  at::Tensor in = values(4 * 1024);
+  at::Tensor out = at::empty({1024});
+  // reduce_scatter's 16-bit input is read by the engine and by nothing after it: the buffer most
+  // easily handed back to the allocator while the engine still reads it.
+  auto work = composition().reduce_scatter_tensor(out, in, c10d::ReduceScatterOptions());
+  std::vector<at::Tensor> ts{in.clone()};
+  auto work2 = composition().allreduce(ts, c10d::AllreduceOptions());
+  engine().complete_pending();
+  work->wait();
+  work2->wait();
+  ASSERT_FALSE(engine().touched.empty());
+  for (const void* p : engine().touched) {
+    EXPECT_NE(std::find(device_->kept.begin(), device_->kept.end(), p), device_->kept.end())
+        << "a buffer the engine used was not kept until the restores ran";
+  }
+}
+
+TEST_F(CompositionTest, IssuingNeverWaitsOnTheEngine) {
+  // With TORCH_NCCL_BLOCKING_WAIT=1, ProcessGroupNCCL's wait() blocks the host: calling it while
+  // issuing would make every compressed collective synchronous.
+  std::vector<at::Tensor> ts{values(4096)};
+  auto work = composition().allreduce(ts, c10d::AllreduceOptions());
+  std::vector<at::Tensor> parts{values(4096), values(16)};
+  auto work2 = composition().allreduce_coalesced(parts, c10d::AllreduceCoalescedOptions());
+  EXPECT_EQ(engine().waits, 0);
+  engine().complete_pending();
+  EXPECT_EQ(engine().waits, 0) << "the restores ran on completion, without waiting on the engine";
+  work->wait();
+  EXPECT_EQ(engine().waits, 1) << "the caller's wait() is the engine's (its errors, its blocking mode)";
+}
+
+TEST_F(CompositionTest, BlockCurrentStreamWaitsForTheRestoreNotTheEngine) {
+  std::vector<at::Tensor> ts{values(4096)};
+  const at::Tensor x = ts[0].clone();
+  auto work = composition().allreduce(ts, c10d::AllreduceOptions());
+  engine().complete_pending();
+  work->blockCurrentStream();
+  EXPECT_EQ(engine().waits, 0);
+  EXPECT_TRUE(at::equal(ts[0], expected_sum(x, 1.0, 1.0)));
+  engine().fail_next = true;
+  std::vector<at::Tensor> ts2{values(4096)};
+  auto failed = composition().allreduce(ts2, c10d::AllreduceOptions());
+  engine().complete_pending();
+  EXPECT_THROW(failed->blockCurrentStream(), c10::DistBackendError);
 }
 
 }  // namespace

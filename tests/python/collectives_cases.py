@@ -702,6 +702,7 @@ def bad_input_raises_clear_errors(ctx):
     raises(ValueError, lambda: cnccl.Options(wire_dtype="fp8"), "wire_dtype", "fp16, bf16, none")
     raises(ValueError, lambda: cnccl.Options(sum_scaling="max"), "sum_scaling", "none, world")
     raises(ValueError, lambda: cnccl.Options(min_bytes=-1), "min_bytes")
+    raises(ValueError, lambda: cnccl.Options(cpu_engine="mpi"), "cpu_engine", "ucx, gloo")
     raises(TypeError, lambda: dist.all_reduce(torch.ones(4, dtype=torch.float8_e4m3fn)), "dtype")
 
 
@@ -713,3 +714,6 @@ def group_timeout_and_seq(ctx):
     assert pg._get_sequence_number_for_group() == seq + 1
     assert dist.get_backend() == "cnccl"
     assert pg.name() == "cnccl"
+    # The README says so: torch creates sub-groups afresh and does not eager-connect a backend that
+    # cannot split.
+    assert not pg.supports_splitting
