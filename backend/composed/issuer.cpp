@@ -115,7 +115,11 @@ struct Issuer::State {
       std::lock_guard<std::mutex> lock(mutex);
       why = broken;
     }
-    if (!why.empty()) return fail(job, "the group is unusable after an earlier failure: " + why);
+    if (!why.empty()) {
+      return settle(job, std::make_exception_ptr(backend_error(
+                             job->what + ": the group is unusable after an earlier failure, and the caller's tensors "
+                                         "were not modified. The earlier failure: " + why)));
+    }
     try {
       agree(job);
       if (job->settled) return;  // aborted while the ranks were agreeing: never issued
