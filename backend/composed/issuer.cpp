@@ -50,7 +50,7 @@ struct Job {
 
 }  // namespace
 
-struct Issuer::State {
+struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
   c10::intrusive_ptr<c10d::Backend> engine;
   std::string group;
   std::mutex mutex;
@@ -60,6 +60,42 @@ struct Issuer::State {
   std::string stopped;                            // why no job may run any more
   std::string broken;                             // the first failure: the group is unusable after it
 
+  // Completions run user code (a work's then() callbacks), which may issue another collective of
+  // this group and wait for it, as PowerSGD's hook does. So they never run on the issuer thread
+  // (which that collective needs) nor on gloo's two workers: they run on completion threads, and
+  // one that finds none idle starts another (an idle one ends after a while).
+  std::mutex done_mutex;
+  std::condition_variable done_cv;
+  std::deque<std::function<void()>> done_queue;
+  int done_idle = 0;
+
+  void post(std::function<void()> completion) {
+    std::unique_lock<std::mutex> lock(done_mutex);
+    done_queue.push_back(std::move(completion));
+    if (done_idle > 0) {
+      lock.unlock();
+      done_cv.notify_one();
+      return;
+    }
+    std::thread([state = shared_from_this()] {
+      std::unique_lock<std::mutex> lock(state->done_mutex);
+      while (true) {
+        if (state->done_queue.empty()) {
+          ++state->done_idle;
+          const bool woken = state->done_cv.wait_for(lock, std::chrono::seconds(10),
+                                                     [&] { return !state->done_queue.empty(); });
+          --state->done_idle;
+          if (!woken) return;
+        }
+        auto next = std::move(state->done_queue.front());
+        state->done_queue.pop_front();
+        lock.unlock();
+        next();
+        lock.lock();
+      }
+    }).detach();
+  }
+
   // Completes or fails a job's work exactly once (abort() may have failed it already).
   void settle(const std::shared_ptr<Job>& job, std::exception_ptr error) {
     if (job->settled.exchange(true)) return;
@@ -68,11 +104,13 @@ struct Issuer::State {
       std::erase(outstanding, job);
       if (error && broken.empty()) broken = message_of(error);
     }
-    if (error) {
-      job->work->fail(error);
-    } else {
-      job->work->complete();
-    }
+    post([work = job->work, error] {
+      if (error) {
+        work->fail(error);
+      } else {
+        work->complete();
+      }
+    });
   }
 
   void fail(const std::shared_ptr<Job>& job, const std::string& msg) {
