@@ -54,6 +54,23 @@ inline std::vector<at::Tensor> root_list(const std::vector<std::vector<at::Tenso
   return lists[0];
 }
 
+// A dense tensor on `like`'s device (the composed path's engines check the rest).
+inline void on_device_of(const at::Tensor& t, const at::Tensor& like, const char* op) {
+  TORCH_CHECK_VALUE(t.defined(), "cnccl ", op, ": undefined tensor");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "cnccl ", op, ": ", t.layout(), " tensors are not supported");
+  TORCH_CHECK_VALUE(t.device() == like.device(), "cnccl ", op, ": all tensors must be on ", like.device(),
+                    ", got one on ", t.device());
+}
+
+// reduce_scatter_tensor's input: world size x the output, same dtype, same device.
+inline void reduce_scatter_sizes(const at::Tensor& output, const at::Tensor& input, int size, const char* op) {
+  on_device_of(output, input, op);
+  TORCH_CHECK_TYPE(input.scalar_type() == output.scalar_type(), "cnccl ", op, ": input dtype ",
+                   input.scalar_type(), " does not match output dtype ", output.scalar_type());
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * size, "cnccl ", op, ": input has ", input.numel(),
+                    " elements, expected world size (", size, ") x output (", output.numel(), ")");
+}
+
 inline void root(int64_t root, int size, const char* op) {
   TORCH_CHECK_VALUE(root >= 0 && root < size, "cnccl ", op, ": root rank ", root, " is outside the group of ",
                     size);

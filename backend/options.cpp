@@ -18,10 +18,10 @@ std::optional<std::string> env(const char* name) {
   return std::string(v);
 }
 
-std::optional<codec::Wire> parse_wire(const std::string& value, const char* source) {
+std::optional<compress::Wire> parse_wire(const std::string& value, const char* source) {
   const std::string v = lower(value);
-  if (v == "fp16" || v == "float16") return codec::Wire::kFp16;
-  if (v == "bf16" || v == "bfloat16") return codec::Wire::kBf16;
+  if (v == "fp16" || v == "float16") return compress::Wire::kFp16;
+  if (v == "bf16" || v == "bfloat16") return compress::Wire::kBf16;
   if (v == "none") return std::nullopt;
   TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: fp16, bf16, none");
 }

@@ -18,13 +18,13 @@ enum class CpuEngine : uint8_t { kUcx, kGloo };
 
 // The settings a group runs with, after defaults, environment and Options are combined.
 struct Config {
-  std::optional<codec::Wire> wire = codec::Wire::kFp16;  // nullopt: compression off
+  std::optional<compress::Wire> wire = compress::Wire::kFp16;  // nullopt: compression off
   int64_t min_bytes = 64 * 1024;
   SumScaling sum_scaling = SumScaling::kNone;
   bool compress_fp64 = false;
   CpuEngine cpu_engine = CpuEngine::kUcx;
 
-  std::string wire_name() const { return wire ? codec::wire_name(*wire) : "none"; }
+  std::string wire_name() const { return wire ? compress::wire_name(*wire) : "none"; }
   const char* cpu_engine_name() const { return cpu_engine == CpuEngine::kGloo ? "gloo" : "ucx"; }
 };
 

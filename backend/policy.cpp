@@ -90,6 +90,27 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
   return plan;
 }
 
+Plan plan_exact_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, RedOp op, double factor,
+                          int world_size) {
+  Config exact = config;
+  exact.wire.reset();
+  return plan_reduction(exact, dtype, nbytes, op, factor, world_size);
+}
+
+Traffic traffic(const Plan& plan, int64_t numel, int64_t nbytes) {
+  return {nbytes, plan.compress ? numel * 2 : nbytes, plan.compress};
+}
+
+AllreduceAlgorithm choose_allreduce(int64_t wire_bytes) {
+  return wire_bytes > kDirectAllreduceMaxBytes ? AllreduceAlgorithm::kRing : AllreduceAlgorithm::kDirect;
+}
+
+void check_nccl_supports(const Config& config, int nccl_version) {
+  TORCH_CHECK_VALUE(config.wire != compress::Wire::kBf16 || nccl_version >= kNcclBf16Version,
+                    "cnccl: the bf16 wire needs NCCL >= 2.10, but this process loaded NCCL ", nccl_version,
+                    "; use CNCCL_WIRE_DTYPE=fp16 (Options.wire_dtype)");
+}
+
 namespace {
 
 const PreMulSupplement& premul_supplement(const c10d::ReduceOp& op) {

@@ -1,5 +1,6 @@
-// The one place that decides, per collective, whether a tensor travels compressed and which
-// scales apply (docs/design.md, "Semantics"). Pure: no communication, unit-tested on its own.
+// The one place that decides (docs/design.md, "Semantics"): per collective, whether a tensor
+// travels compressed and which scales apply; which host algorithm runs it; what an engine's
+// version allows. Pure: no communication, unit-tested on its own (tests/cpp/test_policy.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,7 +14,7 @@ using RedOp = c10d::ReduceOp::RedOpType;
 
 struct Plan {
   bool compress = false;
-  codec::Wire wire = codec::Wire::kFp16;
+  compress::Wire wire = compress::Wire::kFp16;
   // The reduction the algorithm itself performs (SUM for AVG and PREMUL_SUM).
   RedOp inner_op = RedOp::SUM;
   // Multiplies every element before the reduction (in fp32 inside the cast when compressed).
@@ -24,12 +25,40 @@ struct Plan {
   int64_t post_divisor = 1;
 };
 
+// What a collective puts on the wire for one tensor, as cnccl.stats() counts it.
+struct Traffic {
+  int64_t bytes = 0;       // the tensor's own bytes
+  int64_t wire_bytes = 0;  // what travels instead: 2 bytes an element when compressed
+  bool compressed = false;
+};
+// `numel` elements of `nbytes` in all, as `plan` sends them.
+Traffic traffic(const Plan& plan, int64_t numel, int64_t nbytes);
+// A collective that moves data as it is (allgather, broadcast, ...).
+inline Traffic exact_traffic(int64_t nbytes) { return {nbytes, nbytes, false}; }
+
 // Throws c10::ValueError / TypeError when `op` cannot apply to `dtype` (e.g. BAND on floats).
 void check_reduction(at::ScalarType dtype, RedOp op);
 
 // `factor` is PREMUL_SUM's multiplier (ignored otherwise).
 Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, RedOp op, double factor,
                     int world_size);
+
+// reduce() is never lossy (docs/design.md, "Semantics"): a root-only result has no all-ranks
+// bandwidth to save. The plan carries only the op's scaling.
+Plan plan_exact_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, RedOp op, double factor,
+                          int world_size);
+
+// The host path's allreduce algorithms: one exchange with every peer (latency-bound sizes), or a
+// ring reduce-scatter + allgather (bandwidth-bound sizes).
+enum class AllreduceAlgorithm : uint8_t { kDirect, kRing };
+AllreduceAlgorithm choose_allreduce(int64_t wire_bytes);
+// Up to this many bytes on the wire the direct exchange wins (bench/allreduce.py, 2 and 4 ranks).
+constexpr int64_t kDirectAllreduceMaxBytes = 256 * 1024;
+
+// Throws c10::ValueError when the engine's NCCL (as ncclGetVersion reports it) cannot reduce the
+// wire dtype: NCCL's bf16 reductions arrived in 2.10.
+void check_nccl_supports(const Config& config, int nccl_version);
+constexpr int kNcclBf16Version = 21000;
 
 // PREMUL_SUM's factor (a double or a one-element tensor); 1 for other ops.
 double premul_factor(const c10d::ReduceOp& op);

@@ -1,16 +1,17 @@
-// Lifecycle, queueing, point-to-point and statistics of ProcessGroupCNCCL. The collectives'
-// bodies are in host_collectives.cpp.
+// ProcessGroupCNCCL: creates the paths, forwards each call to the one for its tensors' device,
+// and reports the group's statistics.
 #include "backend/process_group.h"
 
-#include "backend/checks.h"
-#include "backend/composed/composition.h"
-#include "backend/composed/issuer.h"
+#include <c10/util/Logging.h>
+
+#include "backend/composed/composed_path.h"
+#include "backend/composed/issued_path.h"
 #include "backend/cuda/nccl_engine.h"
-#include "backend/host/comm.h"
-#include "backend/host/executor.h"
-#include "backend/host/ucx_transport.h"
+#include "backend/host/host_path.h"
 
 namespace cnccl {
+
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
 ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      c10::intrusive_ptr<cnccl::Options> options,
@@ -24,50 +25,49 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
                       "ProcessGroupGloo passed to the constructor (the Python registration does this)");
     composed::Engine engine{cpu_engine, "gloo", /*reduces_avg_and_premul=*/false, /*reduce_keeps_non_root=*/false,
                             /*coalesces_mixed_dtypes=*/false};
-    cpu_composed_ = std::make_shared<composed::Composition>(std::move(engine), composed::make_cpu_device(), config_,
-                                                            /*stats=*/nullptr, rank, size);
-    issuer_ = std::make_unique<composed::Issuer>(cpu_engine, name);
-    return;
+    auto composition = std::make_unique<composed::Composition>(std::move(engine), composed::make_cpu_device(),
+                                                               config_, /*stats=*/nullptr, rank, size);
+    auto gloo = c10::make_intrusive<composed::ComposedPath>(rank, size, std::move(composition));
+    cpu_ = c10::make_intrusive<composed::IssuedPath>(gloo, name, config_, options_->timeout, stats_);
+  } else {
+    TORCH_CHECK_VALUE(!cpu_engine, "cnccl: a CPU engine was passed, but cpu_engine is ucx");
+    auto host = c10::make_intrusive<host::HostPath>(store, rank, size, name, config_, options_->timeout, stats_);
+    host_ = host.get();
+    cpu_ = host;
   }
-  TORCH_CHECK_VALUE(!cpu_engine, "cnccl: a CPU engine was passed, but cpu_engine is ucx");
-  comm_ = std::make_unique<host::Comm>(std::make_unique<host::UcxTransport>(store, rank, size), name);
-  executor_ = std::make_unique<host::Executor>(*comm_);
+  LOG(INFO) << "cnccl: group '" << name << "' rank " << rank << "/" << size << ": CPU tensors on "
+            << (host_ ? "the host path (UCX)" : "the composed path over gloo") << ", CUDA tensors on "
+            << (cuda_nccl_version() ? "the composed path over NCCL " + std::to_string(cuda_nccl_version())
+                                    : std::string("no path (built without CUDA)"))
+            << "; wire " << config_.wire_name() << ", min_bytes " << config_.min_bytes;
 }
 
 ProcessGroupCNCCL::~ProcessGroupCNCCL() { shutdown(); }
 
-c10d::Backend& ProcessGroupCNCCL::engine() { return cpu_composed_->inner(); }
-
 void ProcessGroupCNCCL::abort() {
-  if (comm_) comm_->abort("abort() was called on the process group");
-  if (issuer_) issuer_->abort("abort() was called on the process group");
-  if (auto path = cuda_created()) path->inner().abort();
+  cpu_->abort();
+  if (auto cuda = cuda_created()) cuda->abort();
 }
 
 void ProcessGroupCNCCL::shutdown() {
-  if (issuer_) issuer_->abort("shutdown() was called on the process group");
-  if (auto path = cuda_created()) path->inner().shutdown();
-  if (!executor_) return;
-  // As with NCCL: operations still outstanding end with an error instead of waiting on peers.
-  comm_->abort("shutdown() was called on the process group");
-  executor_->stop();
-  executor_.reset();
+  cpu_->shutdown();
+  if (auto cuda = cuda_created()) cuda->shutdown();
 }
 
-std::shared_ptr<composed::Composition> ProcessGroupCNCCL::cuda_created() {
+c10::intrusive_ptr<c10d::Backend> ProcessGroupCNCCL::cuda_created() {
   std::lock_guard<std::mutex> lock(cuda_mutex_);
   return cuda_;
 }
 
-composed::Composition* ProcessGroupCNCCL::cuda_for(const at::Tensor& t, const char* op) {
-  return t.defined() && t.is_cuda() ? &cuda_composed(op) : nullptr;
+c10d::Backend& ProcessGroupCNCCL::path_for(const at::Tensor& t, const char* op) {
+  return t.defined() && t.is_cuda() ? cuda_path(op) : *cpu_;
 }
 
-composed::Composition* ProcessGroupCNCCL::cuda_for(const std::vector<at::Tensor>& ts, const char* op) {
-  return ts.empty() ? nullptr : cuda_for(ts[0], op);
+c10d::Backend& ProcessGroupCNCCL::path_for(const std::vector<at::Tensor>& ts, const char* op) {
+  return ts.empty() ? *cpu_ : path_for(ts[0], op);
 }
 
-composed::Composition& ProcessGroupCNCCL::cuda_composed(const char* op) {
+c10d::Backend& ProcessGroupCNCCL::cuda_path(const char* op) {
 #if CNCCL_WITH_CUDA
   std::lock_guard<std::mutex> lock(cuda_mutex_);
   if (!cuda_) {
@@ -80,8 +80,9 @@ composed::Composition& ProcessGroupCNCCL::cuda_composed(const char* op) {
     args.group_uid = getGroupUid();
     args.group_desc = getGroupDesc();
     args.bound_device = getBoundDeviceId();
-    cuda_ = std::make_shared<composed::Composition>(cuda::make_nccl_engine(args), cuda::make_cuda_device(), config_,
-                                                    &stats_, rank_, size_);
+    auto composition = std::make_unique<composed::Composition>(cuda::make_nccl_engine(args), cuda::make_cuda_device(),
+                                                               config_, &stats_, rank_, size_);
+    cuda_ = c10::make_intrusive<composed::ComposedPath>(rank_, size_, std::move(composition));
   }
   return *cuda_;
 #else
@@ -99,18 +100,7 @@ int ProcessGroupCNCCL::cuda_nccl_version() {
 }
 
 void ProcessGroupCNCCL::eagerConnectSingleDevice(at::Device device) {
-  if (device.is_cuda()) cuda_composed("eager connect").inner().eagerConnectSingleDevice(device);
-}
-
-std::chrono::milliseconds ProcessGroupCNCCL::timeout_of(std::chrono::milliseconds requested) const {
-  return requested == c10d::kUnsetTimeout ? options_->timeout : requested;
-}
-
-char* ProcessGroupCNCCL::scratch(int which, size_t bytes) {
-  if (scratch_.size() <= size_t(which)) scratch_.resize(which + 1);
-  auto& buffer = scratch_[which];
-  if (buffer.size() < bytes) buffer = std::vector<char>(bytes);
-  return buffer.data();
+  if (device.is_cuda()) cuda_path("eager connect").eagerConnectSingleDevice(device);
 }
 
 std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
@@ -118,98 +108,101 @@ std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
           {"compressed_collectives", stats_.compressed_collectives.load()},
           {"bytes_uncompressed", stats_.bytes_uncompressed.load()},
           {"bytes_sent", stats_.bytes_sent.load()},
-          {"transport_bytes_sent", comm_ ? comm_->bytes_sent() : 0},
+          {"transport_bytes_sent", host_ ? host_->transport_bytes_sent() : 0},
           {"cast_ns", stats_.cast_ns.load()},
           {"reduce_ns", stats_.reduce_ns.load()},
           {"transfer_ns", stats_.transfer_ns.load()},
           {"restore_ns", stats_.restore_ns.load()}};
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue(c10d::OpType type, const char* name,
-                                                          std::string signature, std::vector<at::Tensor> outputs,
-                                                          std::chrono::milliseconds timeout, const char* on_failure,
-                                                          EngineCall engine_call, Body body, int seq_count) {
-  if (issuer_) {
-    const uint64_t seq = seq_.fetch_add(seq_count);
-    return issuer_->submit(type, name, seq, std::move(signature), std::move(outputs), timeout, std::move(engine_call));
-  }
-  TORCH_CHECK(executor_, "cnccl ", name, ": the process group has been shut down");
-  const uint64_t seq = seq_.fetch_add(seq_count);
-  auto work = c10::make_intrusive<HostWork>(rank_, type, seq, std::move(outputs));
-  executor_->submit([this, work, name, seq, timeout, on_failure, signature = std::move(signature),
-                     body = std::move(body)] {
-    try {
-      if (!broken_.empty()) {
-        C10_THROW_ERROR(DistBackendError, std::string("cnccl ") + name + " (seq " + std::to_string(seq) +
-                                              "): the group is unusable after an earlier failure: " + broken_);
-      }
-      comm_->begin(name, seq, timeout, signature);
-      body(*work);
-      comm_->end();
-      executor_->defer([work] { work->complete(); });
-    } catch (const std::exception& e) {
-      // c10 errors carry a backtrace in what(): the note goes after the message, not after that.
-      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-      const std::string what = c10_error ? c10_error->what_without_backtrace() : e.what();
-      if (broken_.empty()) broken_ = what;
-      const std::string msg = what + " (" + on_failure + ")";
-      auto error = std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, uint32_t(__LINE__)}, msg));
-      executor_->defer([work, error] { work->fail(error); });
-    }
-  });
-  return work;
+WorkPtr ProcessGroupCNCCL::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  return path_for(tensors, "allreduce").allreduce(tensors, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::enqueue_p2p(c10d::OpType type, at::Tensor tensor, int peer,
-                                                              int tag, bool is_send) {
-  const char* name = is_send ? "send" : "recv";
-  checks::host_tensor(tensor, name);
-  TORCH_CHECK_VALUE(peer < size_ && (peer >= 0 || type == c10d::OpType::RECVANYSOURCE), "cnccl ", name, ": peer rank ",
-                    peer, " is outside the group of ", size_);
-  TORCH_CHECK_VALUE(peer != rank_, "cnccl ", name, ": a rank cannot ", name, " to itself");
-  TORCH_CHECK(executor_, "cnccl ", name, ": the process group has been shut down");
-  // The message travels from/into a contiguous buffer; a strided receive is copied back at the end.
-  at::Tensor buffer = tensor.is_contiguous()
-                          ? tensor
-                          : (is_send ? tensor.contiguous() : at::empty_like(tensor, at::MemoryFormat::Contiguous));
-  auto work = c10::make_intrusive<HostWork>(rank_, type, 0, std::vector<at::Tensor>{tensor});
-  const auto timeout = options_->timeout;
-  executor_->submit([this, work, buffer, tensor, peer, tag, is_send, timeout]() mutable {
-    auto done = [this, work, buffer, tensor](std::exception_ptr error, int source) mutable {
-      if (error) return executor_->defer([work, error] { work->fail(error); });
-      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
-      work->set_source_rank(source);
-      executor_->defer([work] { work->complete(); });
-    };
-    try {
-      if (is_send) {
-        comm_->post_send(peer, tag, buffer.data_ptr(), buffer.nbytes(), timeout, done);
-      } else {
-        comm_->post_recv(peer, tag, buffer.data_ptr(), buffer.nbytes(), timeout, done);
-      }
-    } catch (const std::exception&) {
-      executor_->defer([work, error = std::current_exception()] { work->fail(error); });
-    }
-  });
-  return work;
+WorkPtr ProcessGroupCNCCL::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                               const c10d::AllreduceCoalescedOptions& opts) {
+  return path_for(tensors, "allreduce_coalesced").allreduce_coalesced(tensors, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  if (auto* c = cuda_for(tensors, "send")) return c->inner().send(tensors, dst_rank, tag);
-  if (cpu_composed_) return engine().send(tensors, dst_rank, tag);
-  return enqueue_p2p(c10d::OpType::SEND, checks::single(tensors, "send"), dst_rank, tag, true);
+WorkPtr ProcessGroupCNCCL::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                          const c10d::ReduceScatterOptions& opts) {
+  return path_for(outputs, "reduce_scatter").reduce_scatter(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  if (auto* c = cuda_for(tensors, "recv")) return c->inner().recv(tensors, src_rank, tag);
-  if (cpu_composed_) return engine().recv(tensors, src_rank, tag);
-  return enqueue_p2p(c10d::OpType::RECV, checks::single(tensors, "recv"), src_rank, tag, false);
+WorkPtr ProcessGroupCNCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                const c10d::ReduceScatterOptions& opts) {
+  return path_for(output, "reduce_scatter_tensor")._reduce_scatter_base(output, input, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupCNCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  if (auto* c = cuda_for(tensors, "recv")) return c->inner().recvAnysource(tensors, tag);
-  if (cpu_composed_) return engine().recvAnysource(tensors, tag);
-  return enqueue_p2p(c10d::OpType::RECVANYSOURCE, checks::single(tensors, "recv"), -1, tag, false);
+WorkPtr ProcessGroupCNCCL::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::ReduceScatterOptions& opts) {
+  return path_for(outputs, "reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
+
+WorkPtr ProcessGroupCNCCL::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  return path_for(tensors, "reduce").reduce(tensors, opts);
+}
+
+WorkPtr ProcessGroupCNCCL::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  return path_for(tensors, "broadcast").broadcast(tensors, opts);
+}
+
+WorkPtr ProcessGroupCNCCL::allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                     const c10d::AllgatherOptions& opts) {
+  return path_for(inputs, "allgather").allgather(outputs, inputs, opts);
+}
+
+WorkPtr ProcessGroupCNCCL::_allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  return path_for(input, "all_gather_into_tensor")._allgather_base(output, input, opts);
+}
+
+WorkPtr ProcessGroupCNCCL::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                               std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  return path_for(inputs, "allgather_coalesced").allgather_coalesced(outputs, inputs, opts);
+}
+
+WorkPtr ProcessGroupCNCCL::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllgatherOptions& opts) {
+  return path_for(inputs, "allgather_into_tensor_coalesced").allgather_into_tensor_coalesced(outputs, inputs, opts);
+}
+
+WorkPtr ProcessGroupCNCCL::gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                  const c10d::GatherOptions& opts) {
+  return path_for(inputs, "gather").gather(outputs, inputs, opts);
+}
+
+WorkPtr ProcessGroupCNCCL::scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                   const c10d::ScatterOptions& opts) {
+  return path_for(outputs, "scatter").scatter(outputs, inputs, opts);
+}
+
+WorkPtr ProcessGroupCNCCL::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                         std::vector<int64_t>& output_split_sizes,
+                                         std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
+  return path_for(output, "all_to_all_single")
+      .alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+}
+
+WorkPtr ProcessGroupCNCCL::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                    const c10d::AllToAllOptions& opts) {
+  return path_for(outputs, "all_to_all").alltoall(outputs, inputs, opts);
+}
+
+WorkPtr ProcessGroupCNCCL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  return path_for(tensors, "send").send(tensors, dst_rank, tag);
+}
+
+WorkPtr ProcessGroupCNCCL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  return path_for(tensors, "recv").recv(tensors, src_rank, tag);
+}
+
+WorkPtr ProcessGroupCNCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return path_for(tensors, "recv").recvAnysource(tensors, tag);
+}
+
+WorkPtr ProcessGroupCNCCL::barrier(const c10d::BarrierOptions& opts) { return cpu_->barrier(opts); }
 
 }  // namespace cnccl

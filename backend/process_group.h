@@ -1,34 +1,25 @@
-// ProcessGroupCNCCL: the c10d Backend registered as "cnccl". Compresses allreduce and
-// reduce_scatter of wide floats per the policy. CPU tensors run on the host path (UCX), or with
-// cpu_engine=gloo on the composed path over torch's ProcessGroupGloo; CUDA tensors run on the
-// composed path over torch's ProcessGroupNCCL.
+// ProcessGroupCNCCL: the c10d Backend registered as "cnccl". It forwards every call to the path
+// for its tensors' device (docs/design.md, "Two paths"): CPU tensors to the host path
+// (host/host_path.h: cnccl's own collectives over UCX) or, with cpu_engine=gloo, to the composed
+// path over torch's ProcessGroupGloo (composed/issued_path.h); CUDA tensors to the composed path
+// over torch's ProcessGroupNCCL (composed/composed_path.h). Each path compresses allreduce and
+// reduce_scatter of wide floats as the policy (policy.h) decides.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <atomic>
-#include <functional>
 #include <map>
-#include <memory>
 #include <mutex>
 
 #include "backend/options.h"
-#include "backend/policy.h"
 #include "backend/stats.h"
-#include "backend/work.h"
 
 namespace cnccl {
 
 namespace host {
-class Comm;
-class Executor;
+class HostPath;
 }  // namespace host
-
-namespace composed {
-class Composition;
-class Issuer;
-}  // namespace composed
 
 class ProcessGroupCNCCL : public c10d::Backend {
  public:
@@ -46,7 +37,7 @@ class ProcessGroupCNCCL : public c10d::Backend {
   // The timeout in force: Options.timeout, which the Python registration sets to the group's.
   std::chrono::milliseconds timeout() const { return options_->timeout; }
   std::map<std::string, uint64_t> stats() const;
-  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+  uint64_t getSequenceNumberForGroup() override { return cpu_->getSequenceNumberForGroup(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = {}) override;
@@ -104,52 +95,22 @@ class ProcessGroupCNCCL : public c10d::Backend {
   void shutdown() override;
 
  private:
-  // A collective's body, run on the executor thread after comm.begin(). `scratch` hands out
-  // reusable buffers (index 0: the wire workspace) so steady-state steps allocate nothing.
-  using Body = std::function<void(HostWork&)>;
-
-  // What the call is with cpu_engine=gloo: the engine's own call, or the composition's over it.
-  using EngineCall = std::function<c10::intrusive_ptr<c10d::Work>()>;
-
-  // The one funnel of CPU collectives. `signature`: what every rank must agree on for this call
-  // (see host::Comm::begin); `body` runs it on the host path, `engine_call` with cpu_engine=gloo
-  // (through the Issuer, which checks the same agreement first).
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name, std::string signature,
-                                         std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
-                                         const char* on_failure, EngineCall engine_call, Body body,
-                                         int seq_count = 1);
-  c10::intrusive_ptr<c10d::Work> enqueue_p2p(c10d::OpType type, at::Tensor tensor, int peer, int tag, bool is_send);
-  // The composed path over NCCL for CUDA tensors (the first one's device), else null. Created on
-  // first use; a build without CUDA says so.
-  composed::Composition* cuda_for(const at::Tensor& t, const char* op);
-  composed::Composition* cuda_for(const std::vector<at::Tensor>& ts, const char* op);
-  composed::Composition& cuda_composed(const char* op);
-  std::shared_ptr<composed::Composition> cuda_created();  // null until the first CUDA operation
-
-  std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
-  char* scratch(int which, size_t bytes);
-
-  // Bodies shared by the list, tensor and coalesced forms.
-  void run_allreduce(const at::Tensor& tensor, const Plan& plan);
-  void run_reduce_scatter(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
-  void run_allgather(const at::Tensor& input, char* out);
+  // The path that runs a call whose first tensor is `t` (docs/design.md, "Two paths").
+  c10d::Backend& path_for(const at::Tensor& t, const char* op);
+  c10d::Backend& path_for(const std::vector<at::Tensor>& ts, const char* op);
+  // The composed path over NCCL, created on the first CUDA call; a build without CUDA says so.
+  c10d::Backend& cuda_path(const char* op);
+  c10::intrusive_ptr<c10d::Backend> cuda_created();  // null until the first CUDA operation
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<cnccl::Options> options_;
   Config config_;
   Stats stats_;
-  std::atomic<uint64_t> seq_{0};
-  // The host path; null with cpu_engine=gloo.
-  std::unique_ptr<host::Comm> comm_;
-  std::vector<std::vector<char>> scratch_;
-  std::string broken_;  // executor thread only: the first failure, after which the group is unusable
-  std::unique_ptr<host::Executor> executor_;
-  // cpu_engine=gloo only: the composition over ProcessGroupGloo, and the thread that issues to it.
-  std::shared_ptr<composed::Composition> cpu_composed_;
-  std::unique_ptr<composed::Issuer> issuer_;
-  c10d::Backend& engine();
+  // CPU tensors: the host path, or with cpu_engine=gloo the issued composed path.
+  c10::intrusive_ptr<c10d::Backend> cpu_;
+  host::HostPath* host_ = nullptr;  // cpu_ when it is the host path
   std::mutex cuda_mutex_;
-  std::shared_ptr<composed::Composition> cuda_;
+  c10::intrusive_ptr<c10d::Backend> cuda_;
 };
 
 }  // namespace cnccl

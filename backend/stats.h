@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "backend/policy.h"
+
 namespace cnccl {
 
 struct Stats {
@@ -20,11 +22,11 @@ struct Stats {
   std::atomic<uint64_t> transfer_ns{0};
   std::atomic<uint64_t> restore_ns{0};
 
-  void record(int64_t nbytes, int64_t wire_bytes, bool compressed) {
+  void record(const Traffic& t) {
     collectives += 1;
-    compressed_collectives += compressed ? 1 : 0;
-    bytes_uncompressed += nbytes;
-    bytes_sent += wire_bytes;
+    compressed_collectives += t.compressed ? 1 : 0;
+    bytes_uncompressed += t.bytes;
+    bytes_sent += t.wire_bytes;
   }
 };
 

@@ -1,6 +1,50 @@
 #include "backend/work.h"
 
+#include <ATen/record_function.h>
+
+#include <unordered_map>
+
 namespace cnccl {
+namespace {
+
+// String literals: a profiler range keeps a view of its name until it closes.
+const char* range_name(c10d::OpType type) {
+  switch (type) {
+    case c10d::OpType::BROADCAST: return "cnccl:broadcast";
+    case c10d::OpType::ALLREDUCE: return "cnccl:all_reduce";
+    case c10d::OpType::ALLREDUCE_COALESCED: return "cnccl:all_reduce_coalesced";
+    case c10d::OpType::REDUCE: return "cnccl:reduce";
+    case c10d::OpType::ALLGATHER: return "cnccl:all_gather";
+    case c10d::OpType::_ALLGATHER_BASE: return "cnccl:all_gather_into_tensor";
+    case c10d::OpType::ALLGATHER_COALESCED: return "cnccl:all_gather_coalesced";
+    case c10d::OpType::GATHER: return "cnccl:gather";
+    case c10d::OpType::SCATTER: return "cnccl:scatter";
+    case c10d::OpType::REDUCE_SCATTER: return "cnccl:reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return "cnccl:reduce_scatter_tensor";
+    case c10d::OpType::ALLTOALL_BASE: return "cnccl:all_to_all_single";
+    case c10d::OpType::ALLTOALL: return "cnccl:all_to_all";
+    case c10d::OpType::SEND: return "cnccl:send";
+    case c10d::OpType::RECV: return "cnccl:recv";
+    case c10d::OpType::RECVANYSOURCE: return "cnccl:recv_any_source";
+    case c10d::OpType::BARRIER: return "cnccl:barrier";
+    case c10d::OpType::COALESCED: return "cnccl:coalesced";
+    default: return "cnccl:collective";
+  }
+}
+
+}  // namespace
+
+void profile_collective(c10d::OpType type, const std::vector<at::Tensor>& inputs, const std::string& wire,
+                        const c10::intrusive_ptr<c10::ivalue::Future>& future) {
+  auto range = std::make_shared<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+  if (!range->isActive()) return;
+  // Completed on another thread, as torch's own collectives' ranges are.
+  range->_setAsync();
+  const std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+  const std::unordered_map<std::string, c10::IValue> kwargs{{"wire", wire}};
+  range->before(range_name(type), &args, &kwargs);
+  future->addCallback([range](c10::ivalue::Future&) { range->end(); });
+}
 
 HostWork::HostWork(int rank, c10d::OpType op, uint64_t seq, std::vector<at::Tensor> outputs)
     : c10d::Work(rank, op), seq_(seq), outputs_(std::move(outputs)),

@@ -1,13 +1,22 @@
-// The Work a cnccl collective returns. Its future holds the caller's own output tensors and
-// completes only after the result has been written into them (restored, for compressed ops).
+// The Work a cnccl collective returns on the host path, and the torch.profiler range every cnccl
+// collective records on either path. A HostWork's future holds the caller's own output tensors
+// and completes only after the result has been written into them (restored, for compressed ops).
 #pragma once
 
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
+#include <string>
 
 namespace cnccl {
+
+// Opens the profiler range of a collective, named as torch's backends name theirs
+// ("cnccl:all_reduce"), with the input tensors (sizes and dtypes, under record_shapes) and the
+// wire ("fp16", "bf16" or "none") as a keyword input; it closes when `future` completes. Nothing
+// happens when no profiler is on.
+void profile_collective(c10d::OpType type, const std::vector<at::Tensor>& inputs, const std::string& wire,
+                        const c10::intrusive_ptr<c10::ivalue::Future>& future);
 
 class HostWork : public c10d::Work {
  public:

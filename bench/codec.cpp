@@ -12,7 +12,7 @@
 
 #include "compress/codec.h"
 
-using namespace cnccl::codec;
+using namespace cnccl::compress;
 
 namespace {
 

@@ -44,7 +44,7 @@ float median_ms(F&& run, cudaStream_t stream, int trials = 21, int reps = 10) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  using cnccl::codec::Wire;
+  using cnccl::compress::Wire;
   const size_t n = (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 256) << 18;  // MiB of fp32
   float *wide, *copy_src, *copy_dst;
   uint16_t* narrow;
@@ -66,14 +66,14 @@ int main(int argc, char** argv) {
       const float ms = median_ms(
           [&] {
             if (restore) {
-              cnccl::codec::cuda::restore(narrow, wide, n, 1.0f, wire, stream);
+              cnccl::compress::cuda::restore(narrow, wide, n, 1.0f, wire, stream);
             } else {
-              cnccl::codec::cuda::cast(wide, narrow, n, 0.5f, wire, stream);
+              cnccl::compress::cuda::cast(wide, narrow, n, 0.5f, wire, stream);
             }
           },
           stream);
       char name[32];
-      std::snprintf(name, sizeof(name), "%s %s", restore ? "restore" : "cast", cnccl::codec::wire_name(wire));
+      std::snprintf(name, sizeof(name), "%s %s", restore ? "restore" : "cast", cnccl::compress::wire_name(wire));
       std::printf("%-16s %10.0f %10.0f %9.2fx\n", name, traffic / ms / 1e6, traffic / copy_ms / 1e6, copy_ms / ms);
     }
   }

@@ -1,4 +1,4 @@
-// cnccl codec: scale-and-cast between wide floats (fp32/fp64) and a 16-bit wire format.
+// cnccl's codec (namespace cnccl::compress): scale-and-cast between wide floats (fp32/fp64) and a 16-bit wire format.
 // Pure functions on raw buffers; no torch, no c10d. Rounding is round-to-nearest-even and
 // bit-identical to torch's own conversions for every non-NaN value (NaN stays NaN).
 #pragma once
@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace cnccl::codec {
+namespace cnccl::compress {
 
 enum class Wire : uint8_t { kFp16, kBf16 };
 
@@ -37,4 +37,4 @@ void add(uint16_t* acc, const uint16_t* in, size_t n, Wire wire);
 // cast of a part into that part's first reduction.
 void cast_add(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire wire);
 
-}  // namespace cnccl::codec
+}  // namespace cnccl::compress

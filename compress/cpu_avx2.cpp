@@ -8,7 +8,7 @@
 
 #include <algorithm>
 
-namespace cnccl::codec::detail {
+namespace cnccl::compress::detail {
 namespace {
 
 // bf16 round-to-nearest-even on 8 lanes, NaN -> 0x7FC0 (torch's rule); result in the low 16 bits.
@@ -186,12 +186,12 @@ const CpuKernels* avx2_f16c_kernels() {
   return &kernels;
 }
 
-}  // namespace cnccl::codec::detail
+}  // namespace cnccl::compress::detail
 
 #else
 
-namespace cnccl::codec::detail {
+namespace cnccl::compress::detail {
 const CpuKernels* avx2_f16c_kernels() { return nullptr; }
-}  // namespace cnccl::codec::detail
+}  // namespace cnccl::compress::detail
 
 #endif

@@ -5,7 +5,7 @@
 
 #include "compress/cpu_kernels.h"
 
-namespace cnccl::codec {
+namespace cnccl::compress {
 namespace {
 
 bool processor_has_avx2_f16c() {
@@ -69,4 +69,4 @@ void cast_add(const float* src, const uint16_t* in, uint16_t* acc, size_t n, flo
   active().cast_add_f32(src, in, acc, n, scale, wire);
 }
 
-}  // namespace cnccl::codec
+}  // namespace cnccl::compress

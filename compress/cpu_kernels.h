@@ -3,7 +3,7 @@
 
 #include "compress/codec.h"
 
-namespace cnccl::codec::detail {
+namespace cnccl::compress::detail {
 
 struct CpuKernels {
   void (*cast_f32)(const float*, uint16_t*, size_t, float, Wire);
@@ -26,4 +26,4 @@ float bf16_to_f32(uint16_t h);
 inline uint16_t to_wire(float f, Wire w) { return w == Wire::kFp16 ? f32_to_fp16(f) : f32_to_bf16(f); }
 inline float from_wire(uint16_t h, Wire w) { return w == Wire::kFp16 ? fp16_to_f32(h) : bf16_to_f32(h); }
 
-}  // namespace cnccl::codec::detail
+}  // namespace cnccl::compress::detail

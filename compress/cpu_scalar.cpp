@@ -4,7 +4,7 @@
 
 #include "compress/cpu_kernels.h"
 
-namespace cnccl::codec::detail {
+namespace cnccl::compress::detail {
 namespace {
 
 uint32_t bits_of(float f) {
@@ -91,4 +91,4 @@ const CpuKernels& scalar_kernels() {
   return kernels;
 }
 
-}  // namespace cnccl::codec::detail
+}  // namespace cnccl::compress::detail

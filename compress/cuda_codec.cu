@@ -8,7 +8,7 @@
 
 #include "compress/cuda_codec.h"
 
-namespace cnccl::codec::cuda {
+namespace cnccl::compress::cuda {
 namespace {
 
 __device__ __forceinline__ uint16_t narrow(float v, Wire w) {
@@ -113,4 +113,4 @@ void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire,
   check_launch("restore kernel");
 }
 
-}  // namespace cnccl::codec::cuda
+}  // namespace cnccl::compress::cuda

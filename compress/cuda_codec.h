@@ -6,11 +6,11 @@
 
 #include "compress/codec.h"
 
-namespace cnccl::codec::cuda {
+namespace cnccl::compress::cuda {
 
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
 void restore(const uint16_t* src, float* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
 void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
 
-}  // namespace cnccl::codec::cuda
+}  // namespace cnccl::compress::cuda

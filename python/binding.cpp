@@ -106,11 +106,11 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
     py::dict d;
     d["version"] = CNCCL_VERSION;
     d["torch_version"] = TORCH_VERSION;
-    d["cuda_kernels"] = bool(CNCCL_BUILD_CUDA);
+    d["cuda_kernels"] = bool(CNCCL_WITH_CUDA);
     d["cuda_collectives"] = cnccl::ProcessGroupCNCCL::cuda_nccl_version() != 0;
     d["nccl_version"] = cnccl::ProcessGroupCNCCL::cuda_nccl_version();
     d["ucx_version"] = CNCCL_UCX_VERSION;
-    d["cpu_codec"] = cnccl::codec::cpu_path_name(cnccl::codec::cpu_path());
+    d["cpu_codec"] = cnccl::compress::cpu_path_name(cnccl::compress::cpu_path());
     return d;
   });
 }

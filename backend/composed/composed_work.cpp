@@ -4,18 +4,6 @@
 
 namespace cnccl::composed {
 
-std::exception_ptr as_backend_error(std::exception_ptr error, const std::string& context) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const c10::Error& e) {
-    return std::make_exception_ptr(
-        c10::DistBackendError({__func__, __FILE__, uint32_t(__LINE__)}, context + ": " + e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return std::make_exception_ptr(
-        c10::DistBackendError({__func__, __FILE__, uint32_t(__LINE__)}, context + ": " + e.what()));
-  }
-}
-
 ComposedWork::ComposedWork(int rank, c10d::OpType type, std::string context, uint64_t seq,
                            std::vector<c10::intrusive_ptr<c10d::Work>> inner, FuturePtr result,
                            std::vector<at::Tensor> outputs)
@@ -50,7 +38,8 @@ bool ComposedWork::wait(std::chrono::milliseconds timeout) {
     // configuration says so) before the result future is consulted.
     for (const auto& w : inner_) w->wait(timeout);
   } catch (...) {
-    std::rethrow_exception(as_backend_error(std::current_exception(), context_ + ": the inner collective failed"));
+    std::rethrow_exception(
+        errors::as_backend_error(std::current_exception(), context_ + ": the inner collective failed"));
   }
   result_->wait();
   if (result_->hasError()) std::rethrow_exception(result_->exception_ptr());

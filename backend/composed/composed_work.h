@@ -8,6 +8,8 @@
 #include <functional>
 #include <mutex>
 
+#include "backend/errors.h"
+
 #include "backend/composed/device.h"
 
 namespace cnccl::composed {
@@ -45,8 +47,5 @@ class ComposedWork : public c10d::Work {
   std::mutex probe_mutex_;
   std::function<bool()> done_probe_;
 };
-
-// A DistBackendError naming the collective, from whatever the inner engine or the restore threw.
-std::exception_ptr as_backend_error(std::exception_ptr error, const std::string& context);
 
 }  // namespace cnccl::composed

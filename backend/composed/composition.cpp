@@ -6,29 +6,16 @@
 #include <algorithm>
 #include <numeric>
 
+#include "backend/checks.h"
 #include "backend/composed/composed_work.h"
+#include "backend/work.h"
 
 namespace cnccl::composed {
 namespace {
 
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
-at::ScalarType wire_dtype(codec::Wire wire) { return wire == codec::Wire::kFp16 ? at::kHalf : at::kBFloat16; }
-
-void check_tensor(const at::Tensor& t, const at::Tensor& like, const char* op) {
-  TORCH_CHECK_VALUE(t.defined(), "cnccl ", op, ": undefined tensor");
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, "cnccl ", op, ": ", t.layout(), " tensors are not supported");
-  TORCH_CHECK_VALUE(t.device() == like.device(), "cnccl ", op, ": all tensors must be on ", like.device(),
-                    ", got one on ", t.device());
-}
-
-void check_reduce_scatter(const at::Tensor& output, const at::Tensor& input, int size, const char* op) {
-  check_tensor(output, input, op);
-  TORCH_CHECK_TYPE(input.scalar_type() == output.scalar_type(), "cnccl ", op, ": input dtype ",
-                   input.scalar_type(), " does not match output dtype ", output.scalar_type());
-  TORCH_CHECK_VALUE(input.numel() == output.numel() * size, "cnccl ", op, ": input has ", input.numel(),
-                    " elements, expected world size (", size, ") x output (", output.numel(), ")");
-}
+at::ScalarType wire_dtype(compress::Wire wire) { return wire == compress::Wire::kFp16 ? at::kHalf : at::kBFloat16; }
 
 template <typename Opts>
 Opts with_op(const Opts& opts, RedOp op) {
@@ -97,8 +84,7 @@ FuturePtr future_of(c10d::Work& work) {
 
 void record_stats(Stats* stats, const at::Tensor& t, int64_t numel, const Plan& p) {
   if (!stats) return;
-  const int64_t nbytes = numel * t.element_size();
-  stats->record(nbytes, p.compress ? numel * 2 : nbytes, p.compress);
+  stats->record(traffic(p, numel, numel * t.element_size()));
 }
 
 }  // namespace
@@ -108,13 +94,14 @@ Composition::Composition(Engine engine, std::shared_ptr<Device> device, const Co
     : engine_(std::move(engine)), device_(std::move(device)), config_(config), stats_(stats), rank_(rank),
       size_(size) {}
 
-Plan Composition::plan(const Config& config, const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp& op,
-                       bool as_is) {
-  Plan p = plan_reduction(config, t.scalar_type(), nbytes, op.op_, 1.0, size_);
+Plan Composition::plan(const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp& op, bool as_is,
+                       bool exact) const {
+  const auto planner = exact ? plan_exact_reduction : plan_reduction;
+  Plan p = planner(config_, t.scalar_type(), nbytes, op.op_, 1.0, size_);
   // PREMUL_SUM's factor is read only where cnccl applies it itself; otherwise the engine does,
   // and a CUDA tensor factor never travels to the host.
   if (op.op_ == RedOp::PREMUL_SUM && is_staged(p, op, as_is)) {
-    p = plan_reduction(config, t.scalar_type(), nbytes, op.op_, device_->premul_factor(op), size_);
+    p = planner(config_, t.scalar_type(), nbytes, op.op_, device_->premul_factor(op), size_);
   }
   return p;
 }
@@ -149,8 +136,8 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& t
                                                       const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "cnccl allreduce: expects exactly one tensor, got ", tensors.size());
   const at::Tensor& t = tensors[0];
-  check_tensor(t, t, "allreduce");
-  const Plan p = plan(config_, t, t.nbytes(), opts.reduceOp, t.is_contiguous());
+  checks::on_device_of(t, t, "allreduce");
+  const Plan p = plan(t, t.nbytes(), opts.reduceOp, t.is_contiguous());
   record_stats(stats_, t, t.numel(), p);
   if (!is_staged(p, opts.reduceOp, t.is_contiguous())) return inner().allreduce(tensors, opts);
   c10::DeviceGuard guard(t.device());
@@ -166,8 +153,8 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::
   std::vector<at::Tensor> direct;
   std::vector<Staged> staged;
   for (const auto& t : tensors) {
-    check_tensor(t, tensors[0], "allreduce_coalesced");
-    const Plan p = plan(config_, t, t.nbytes(), opts.reduceOp, t.is_contiguous());
+    checks::on_device_of(t, tensors[0], "allreduce_coalesced");
+    const Plan p = plan(t, t.nbytes(), opts.reduceOp, t.is_contiguous());
     record_stats(stats_, t, t.numel(), p);
     if (is_staged(p, opts.reduceOp, t.is_contiguous())) {
       staged.push_back({stage(t, p, t.numel()), t, p});
@@ -198,9 +185,9 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::
 
 c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::ReduceScatterOptions& opts) {
-  check_reduce_scatter(output, input, size_, "reduce_scatter_tensor");
+  checks::reduce_scatter_sizes(output, input, size_, "reduce_scatter_tensor");
   const bool contiguous = input.is_contiguous() && output.is_contiguous();
-  const Plan p = plan(config_, input, input.nbytes(), opts.reduceOp, contiguous);
+  const Plan p = plan(input, input.nbytes(), opts.reduceOp, contiguous);
   record_stats(stats_, input, input.numel(), p);
   if (!is_staged(p, opts.reduceOp, contiguous)) return inner()._reduce_scatter_base(output, input, opts);
   c10::DeviceGuard guard(input.device());
@@ -218,11 +205,11 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter(std::vector<at::Tenso
   TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1, "cnccl reduce_scatter: expects one output and one "
                     "input list, got ", outputs.size(), " and ", inputs.size());
   const at::Tensor& out = outputs[0];
-  check_tensor(out, out, "reduce_scatter");
+  checks::on_device_of(out, out, "reduce_scatter");
   TORCH_CHECK_VALUE(int(inputs[0].size()) == size_, "cnccl reduce_scatter: input list has ", inputs[0].size(),
                     " tensors, expected one per rank (", size_, ")");
   for (const auto& in : inputs[0]) {
-    check_tensor(in, out, "reduce_scatter");
+    checks::on_device_of(in, out, "reduce_scatter");
     TORCH_CHECK_TYPE(in.scalar_type() == out.scalar_type(), "cnccl reduce_scatter: input dtype ", in.scalar_type(),
                      " does not match output dtype ", out.scalar_type());
     TORCH_CHECK_VALUE(in.numel() == out.numel(), "cnccl reduce_scatter: an input has ", in.numel(),
@@ -230,7 +217,7 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter(std::vector<at::Tenso
   }
   bool contiguous = out.is_contiguous();
   for (const auto& in : inputs[0]) contiguous = contiguous && in.is_contiguous();
-  const Plan p = plan(config_, out, out.nbytes() * size_, opts.reduceOp, contiguous);
+  const Plan p = plan(out, out.nbytes() * size_, opts.reduceOp, contiguous);
   record_stats(stats_, out, out.numel() * size_, p);
   if (!is_staged(p, opts.reduceOp, contiguous)) return inner().reduce_scatter(outputs, inputs, opts);
   c10::DeviceGuard guard(out.device());
@@ -252,10 +239,10 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std:
   std::vector<at::Tensor> direct_in, direct_out, staged_in, stage_ins;
   std::vector<Staged> staged;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor(inputs[i], inputs[0], "reduce_scatter_tensor_coalesced");
-    check_reduce_scatter(outputs[i], inputs[i], size_, "reduce_scatter_tensor_coalesced");
+    checks::on_device_of(inputs[i], inputs[0], "reduce_scatter_tensor_coalesced");
+    checks::reduce_scatter_sizes(outputs[i], inputs[i], size_, "reduce_scatter_tensor_coalesced");
     const bool contiguous = inputs[i].is_contiguous() && outputs[i].is_contiguous();
-    const Plan p = plan(config_, inputs[i], inputs[i].nbytes(), opts.reduceOp, contiguous);
+    const Plan p = plan(inputs[i], inputs[i].nbytes(), opts.reduceOp, contiguous);
     record_stats(stats_, inputs[i], inputs[i].numel(), p);
     if (is_staged(p, opts.reduceOp, contiguous)) {
       staged_in.push_back(inputs[i]);
@@ -289,12 +276,10 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std:
 c10::intrusive_ptr<c10d::Work> Composition::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "cnccl reduce: expects exactly one tensor, got ", tensors.size());
   const at::Tensor& t = tensors[0];
-  check_tensor(t, t, "reduce");
-  Config lossless = config_;
-  lossless.wire.reset();
+  checks::on_device_of(t, t, "reduce");
   const bool root = opts.rootRank == rank_;
   const bool as_is = t.is_contiguous() && (root || engine_.reduce_keeps_non_root);
-  const Plan p = plan(lossless, t, t.nbytes(), opts.reduceOp, as_is);
+  const Plan p = plan(t, t.nbytes(), opts.reduceOp, as_is, /*exact=*/true);
   record_stats(stats_, t, t.numel(), p);
   if (!is_staged(p, opts.reduceOp, as_is)) return inner().reduce(tensors, opts);
   c10::DeviceGuard guard(t.device());
@@ -359,7 +344,8 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, bool async_op, 
       try {
         w->wait();
       } catch (...) {
-        std::rethrow_exception(as_backend_error(std::current_exception(), context + ": the inner collective failed"));
+        std::rethrow_exception(
+            errors::as_backend_error(std::current_exception(), context + ": the inner collective failed"));
       }
       f = completed_here();
     }
@@ -371,13 +357,18 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, bool async_op, 
   for (const auto& s : staged) buffers.push_back(s.stage);
   buffers.insert(buffers.end(), outputs.begin(), outputs.end());
   auto result = c10::make_intrusive<c10::ivalue::Future>(list_type, devices);
+  if (stats_) {
+    std::string wire = "none";
+    for (const auto& s : staged) wire = s.plan.compress ? compress::wire_name(s.plan.wire) : wire;
+    profile_collective(type, outputs, wire, result);
+  }
   auto work = c10::make_intrusive<ComposedWork>(rank_, type, context, seq_++, std::move(issued), result, outputs);
   auto restore = [device = device_, work, result, futures, staged = std::move(staged), buffers = std::move(buffers),
                   outputs, context] {
     for (const auto& f : futures) {
       if (f->hasError()) {
         // Nothing was written back: the caller's tensors hold what they held before the call.
-        result->setError(as_backend_error(f->exception_ptr(), context + ": the inner collective failed"));
+        result->setError(errors::as_backend_error(f->exception_ptr(), context + ": the inner collective failed"));
         return;
       }
     }
@@ -388,7 +379,7 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, bool async_op, 
         result->markCompleted(c10::IValue(outputs));
       });
     } catch (...) {
-      if (!result->completed()) result->setError(as_backend_error(std::current_exception(), context));
+      if (!result->completed()) result->setError(errors::as_backend_error(std::current_exception(), context));
     }
   };
   const bool all_done = std::all_of(futures.begin(), futures.end(), [](const FuturePtr& f) { return f->completed(); });

@@ -33,8 +33,8 @@ struct Engine {
 
 class Composition {
  public:
-  // `stats`: where the composition counts its collectives; null where the caller already does
-  // (ProcessGroupCNCCL's funnel for CPU tensors).
+  // `stats`: where the composition counts its collectives and whether it opens their profiler
+  // ranges; null where the caller already does both (the gloo issuer, issued_path.h).
   Composition(Engine engine, std::shared_ptr<Device> device, const Config& config, Stats* stats, int rank, int size);
 
   // Every collective that is not an allreduce or reduce_scatter goes straight to the engine.
@@ -71,7 +71,8 @@ class Composition {
  private:
   using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
-  Plan plan(const Config& config, const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp& op, bool as_is);
+  // `exact`: plan as reduce() does, never compressed (policy.h).
+  Plan plan(const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp& op, bool as_is, bool exact = false) const;
   // Whether a tensor goes to the engine as a staged copy. `as_is`: whether it (and the tensors it
   // pairs with) could go as they are: contiguous (engines read one block, and gloo silently
   // misreads strided inputs), and not a non-root reduce input that gloo would overwrite.

@@ -1,6 +1,7 @@
 // The composed path's CPU device: the host codec, run on whichever thread completes the inner
 // work (torch's gloo worker, or the caller for an engine that finished synchronously).
 #include "backend/composed/device.h"
+#include "backend/wide_data.h"
 #include "compress/codec.h"
 
 namespace cnccl::composed {
@@ -12,22 +13,14 @@ class CpuDevice final : public Device {
 
   void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan) override {
     auto* dst = static_cast<uint16_t*>(wire.data_ptr());
-    const float scale = float(plan.pre_scale);
-    if (wide.scalar_type() == at::kFloat) {
-      codec::cast(wide.const_data_ptr<float>(), dst, wide.numel(), scale, plan.wire);
-    } else {
-      codec::cast(wide.const_data_ptr<double>(), dst, wide.numel(), scale, plan.wire);
-    }
+    with_wide_data(wide, [&](auto* src) { compress::cast(src, dst, wide.numel(), float(plan.pre_scale), plan.wire); });
   }
 
   void restore(const at::Tensor& wire, const at::Tensor& wide, const Plan& plan) override {
     const auto* src = static_cast<const uint16_t*>(wire.const_data_ptr());
-    const float scale = float(plan.post_scale);
-    if (wide.scalar_type() == at::kFloat) {
-      codec::restore(src, wide.mutable_data_ptr<float>(), wide.numel(), scale, plan.wire);
-    } else {
-      codec::restore(src, wide.mutable_data_ptr<double>(), wide.numel(), scale, plan.wire);
-    }
+    with_wide_data(wide, [&](auto* dst) {
+      compress::restore(src, dst, wide.numel(), float(plan.post_scale), plan.wire);
+    });
   }
 
   // CPU futures that are complete hold values that are already in memory.

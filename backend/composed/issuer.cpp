@@ -15,6 +15,10 @@
 namespace cnccl::composed {
 namespace {
 
+using errors::as_backend_error;
+using errors::backend_error;
+using errors::message_of;
+
 // Signatures travel as fixed-size, zero-padded byte strings; a longer one keeps its start and a
 // hash of the whole, so two different calls never look alike.
 constexpr size_t kSignatureBytes = 256;
@@ -23,20 +27,6 @@ std::string fit(const std::string& s) {
   if (s.size() < kSignatureBytes) return s;
   const std::string tail = " ... #" + std::to_string(std::hash<std::string>{}(s));
   return s.substr(0, kSignatureBytes - 1 - tail.size()) + tail;
-}
-
-c10::DistBackendError backend_error(const std::string& msg) {
-  return c10::DistBackendError({__func__, __FILE__, uint32_t(__LINE__)}, msg);
-}
-
-std::string message_of(std::exception_ptr error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
 }
 
 struct Job {

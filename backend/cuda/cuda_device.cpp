@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "backend/cuda/nccl_engine.h"
+#include "backend/wide_data.h"
 #include "compress/cuda_codec.h"
 
 namespace cnccl::cuda {
@@ -32,23 +33,17 @@ class CudaDevice final : public composed::Device {
   void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan) override {
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(wide.device().index()).stream();
     auto* dst = static_cast<uint16_t*>(wire.data_ptr());
-    const float scale = float(plan.pre_scale);
-    if (wide.scalar_type() == at::kFloat) {
-      codec::cuda::cast(wide.const_data_ptr<float>(), dst, wide.numel(), scale, plan.wire, stream);
-    } else {
-      codec::cuda::cast(wide.const_data_ptr<double>(), dst, wide.numel(), scale, plan.wire, stream);
-    }
+    with_wide_data(wide, [&](auto* src) {
+      compress::cuda::cast(src, dst, wide.numel(), float(plan.pre_scale), plan.wire, stream);
+    });
   }
 
   void restore(const at::Tensor& wire, const at::Tensor& wide, const Plan& plan) override {
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(wide.device().index()).stream();
     const auto* src = static_cast<const uint16_t*>(wire.const_data_ptr());
-    const float scale = float(plan.post_scale);
-    if (wide.scalar_type() == at::kFloat) {
-      codec::cuda::restore(src, wide.mutable_data_ptr<float>(), wide.numel(), scale, plan.wire, stream);
-    } else {
-      codec::cuda::restore(src, wide.mutable_data_ptr<double>(), wide.numel(), scale, plan.wire, stream);
-    }
+    with_wide_data(wide, [&](auto* dst) {
+      compress::cuda::restore(src, dst, wide.numel(), float(plan.post_scale), plan.wire, stream);
+    });
   }
 
   void after(const std::vector<composed::FuturePtr>& inner, const std::vector<at::Tensor>& buffers,

@@ -5,13 +5,13 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include "backend/policy.h"
+
 namespace cnccl::cuda {
 namespace {
 
 // The engine's keys live under this sub-prefix of the group's store.
 constexpr const char* kStorePrefix = "cnccl/nccl";
-// NCCL's bf16 reductions arrived in 2.10 (NCCL_VERSION(2, 10, 0)).
-constexpr int kNcclBf16Version = 21000;
 
 }  // namespace
 
@@ -29,9 +29,7 @@ composed::Engine make_nccl_engine(const NcclEngineArgs& args) {
   // torch's own message, raised before the constructor: ProcessGroupNCCL's constructor leaves
   // the heap corrupted when it throws this itself (seen with torch 2.15 on a machine without a GPU).
   TORCH_CHECK_VALUE(at::cuda::getNumGPUs() > 0, "ProcessGroupNCCL is only supported with GPUs, no GPUs found!");
-  TORCH_CHECK_VALUE(args.config->wire != codec::Wire::kBf16 || loaded_nccl_version() >= kNcclBf16Version,
-                    "cnccl: the bf16 wire needs NCCL >= 2.10, but this process loaded NCCL ", loaded_nccl_version(),
-                    "; use CNCCL_WIRE_DTYPE=fp16");
+  check_nccl_supports(*args.config, loaded_nccl_version());
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = args.options->timeout;
   options->group_name = args.options->group_name;

@@ -1,5 +1,6 @@
 // Host collective algorithms over Comm, one file each. They move and reduce raw element
-// buffers; deciding dtypes, compression and where results land is the backend's job.
+// buffers; deciding dtypes, compression and where results land is the host path's job
+// (host_path.h). Each is tested on its own over an in-memory transport (tests/cpp/host/).
 #pragma once
 
 #include <cstddef>
@@ -12,6 +13,10 @@ namespace cnccl::host {
 
 // acc[i] = acc[i] (op) in[i] for `count` elements.
 using Reducer = std::function<void(void* acc, const void* in, size_t count)>;
+// Writes this rank's contribution to elements [offset, offset + count) of the algorithm's buffer,
+// when the algorithm is about to send them as they are. Lets a caller produce its data lazily
+// (cast it to 16 bits) where the algorithm needs it rather than all up front.
+using Producer = std::function<void(size_t offset, size_t count)>;
 
 // A buffer cut into one contiguous part per rank (element offsets and lengths).
 struct Parts {
@@ -24,16 +29,18 @@ struct Parts {
 };
 
 // Ring reduce-scatter: afterwards part r of `data` on rank r holds the reduction of every
-// rank's part r. Uses message slots [slot_base, slot_base + size - 1). Rank r first sends part
-// r-1 as it is; each other part is passed to `reduce` exactly once (possibly in segments) before
-// it is sent on, so a reducer may produce the rank's own contribution as it reduces.
+// rank's part r. Uses message slots [slot_base, tags::kSecondPhase). One part is sent as it is,
+// after `produce` (when given) was called for it; each other part is passed to `reduce` exactly
+// once (possibly in segments) before it is sent on, so with a `produce` a reducer may also
+// produce the rank's own contribution as it reduces.
 void reduce_scatter_ring(Comm& comm, char* data, const Parts& parts, size_t elem, const Reducer& reduce,
-                         uint32_t slot_base = 0);
+                         const Producer& produce = {}, uint32_t slot_base = 0);
 // Ring allgather: on entry part r of `data` on rank r is valid; afterwards all parts are.
 void allgather_ring(Comm& comm, char* data, const Parts& parts, size_t elem, uint32_t slot_base = 0);
 // Bandwidth-optimal allreduce for large buffers: reduce_scatter_ring over Parts::even(count, size),
-// then allgather_ring.
-void allreduce_ring(Comm& comm, char* data, size_t count, size_t elem, const Reducer& reduce);
+// then allgather_ring. `produce` as for reduce_scatter_ring.
+void allreduce_ring(Comm& comm, char* data, size_t count, size_t elem, const Reducer& reduce,
+                    const Producer& produce = {});
 // Latency-optimal allreduce for small buffers: one exchange with every peer, then each rank
 // reduces all contributions in rank order (so every rank computes the identical result).
 void allreduce_direct(Comm& comm, char* data, size_t count, size_t elem, const Reducer& reduce);

@@ -9,7 +9,7 @@ void allreduce_direct(Comm& comm, char* data, size_t count, size_t elem, const R
   const int n = comm.size(), r = comm.rank();
   if (n == 1) return;
   const size_t bytes = count * elem;
-  char* all = comm.temp(bytes * n);
+  char* all = comm.scratch().algorithm(bytes * n);
   std::memcpy(all + bytes * r, data, bytes);
   std::vector<Pending> msgs;
   for (int peer = 0; peer < n; ++peer) {

@@ -1,12 +1,13 @@
 #include "backend/host/algorithms.h"
+#include "backend/host/tags.h"
 
 namespace cnccl::host {
 
-void allreduce_ring(Comm& comm, char* data, size_t count, size_t elem, const Reducer& reduce) {
+void allreduce_ring(Comm& comm, char* data, size_t count, size_t elem, const Reducer& reduce,
+                    const Producer& produce) {
   const Parts parts = Parts::even(count, comm.size());
-  reduce_scatter_ring(comm, data, parts, elem, reduce, 0);
-  // The reduce-scatter uses slots below 1 << 15 (at most 16 segments x (size - 1) steps).
-  allgather_ring(comm, data, parts, elem, uint32_t(1) << 15);
+  reduce_scatter_ring(comm, data, parts, elem, reduce, produce, 0);
+  allgather_ring(comm, data, parts, elem, tags::kSecondPhase);
 }
 
 }  // namespace cnccl::host

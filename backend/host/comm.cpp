@@ -6,31 +6,16 @@
 #include <cstring>
 #include <thread>
 
+#include "backend/host/tags.h"
+
 namespace cnccl::host {
 namespace {
-
-// Tag layout: [63] point-to-point: [62:32] user tag | [31:16] source rank. Otherwise [62] notice
-// (then only the source rank), or a collective's message: [61:48] seq | [47:32] signature hash |
-// [31:16] source rank | [15:0] slot. The hash keeps a message of a rank
-// that called something else from ever matching (no wrong tensor); the headers, which carry the
-// signature itself, go with hash 0. 14 bits of seq suffice: a rank cannot finish a collective
-// before its ring neighbours have begun it, so no rank runs more than size/2 collectives ahead.
-constexpr uint64_t kP2pBit = uint64_t{1} << 63;
-constexpr uint64_t kNoticeBit = uint64_t{1} << 62;
-constexpr uint64_t kSourceMask = uint64_t{0xFFFF} << 16;
-// The slots of the two signature headers; the algorithms' own slots stay below them.
-constexpr uint32_t kHeaderToRight = 0xFFFF;
-constexpr uint32_t kHeaderToLeft = 0xFFFE;
 
 // A hash every build computes alike (ranks may run different builds of the same version).
 uint64_t fnv1a(const std::string& text) {
   uint64_t h = 14695981039346656037ull;
   for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
   return h;
-}
-
-uint64_t p2p_tag(int source, int user_tag) {
-  return kP2pBit | (uint64_t(uint32_t(user_tag) & 0x7FFFFFFFu) << 32) | (uint64_t(source & 0xFFFF) << 16);
 }
 
 // The longest a waiting rank sleeps without looking at its deadline and abort flag.
@@ -40,14 +25,15 @@ constexpr std::chrono::milliseconds kMaxSleep{1};
 
 Comm::Comm(std::unique_ptr<Transport> transport, std::string group_name)
     : transport_(std::move(transport)), group_name_(std::move(group_name)) {
-  TORCH_CHECK(transport_->size() <= 0x4000, "cnccl: the host path supports at most 16384 ranks");
+  TORCH_CHECK(transport_->size() <= tags::kMaxRanks, "cnccl: the host path supports at most ", tags::kMaxRanks,
+              " ranks");
   if (size() > 1) {
     // One exact-match receive per peer: a wildcard receive makes UCX check every incoming message
     // against it, which cost small collectives 10x (bench/allreduce, ranks pinned to cores).
     notices_in_.resize(size());
     for (int peer = 0; peer < size(); ++peer) {
       if (peer == rank()) continue;
-      notice_recvs_.push_back(transport_->irecv(peer, kNoticeBit | (uint64_t(peer) << 16), Transport::kFullMask,
+      notice_recvs_.push_back(transport_->irecv(peer, tags::notice(peer), Transport::kFullMask,
                                                 notices_in_[peer].data(), kNoticeBytes));
     }
   }
@@ -70,10 +56,10 @@ void Comm::begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout
   header_out_.fill(0);
   text.copy(header_out_.data(), header_out_.size() - 1);
   signature_hash_ = 0;
-  headers_.push_back(recv(left(), kHeaderToRight, header_from_left_.data(), kHeaderBytes));
-  headers_.push_back(recv(right(), kHeaderToLeft, header_from_right_.data(), kHeaderBytes));
-  headers_.push_back(send(right(), kHeaderToRight, header_out_.data(), kHeaderBytes));
-  headers_.push_back(send(left(), kHeaderToLeft, header_out_.data(), kHeaderBytes));
+  headers_.push_back(recv(left(), tags::kHeaderToRight, header_from_left_.data(), kHeaderBytes));
+  headers_.push_back(recv(right(), tags::kHeaderToLeft, header_from_right_.data(), kHeaderBytes));
+  headers_.push_back(send(right(), tags::kHeaderToRight, header_out_.data(), kHeaderBytes));
+  headers_.push_back(send(left(), tags::kHeaderToLeft, header_out_.data(), kHeaderBytes));
   signature_hash_ = uint16_t(fnv1a(text) | 1);  // never 0, the headers' value
 }
 
@@ -96,7 +82,7 @@ void Comm::settle_headers() {
 void Comm::notify_peers(const std::string& what) {
   notice_out_.fill(0);
   what.copy(notice_out_.data(), notice_out_.size() - 1);
-  const uint64_t tag = kNoticeBit | (uint64_t(rank()) << 16);
+  const uint64_t tag = tags::notice(rank());
   for (int peer = 0; peer < size(); ++peer) {
     if (peer != rank()) notice_sends_.push_back(transport_->isend(peer, tag, notice_out_.data(), notice_out_.size()));
   }
@@ -115,8 +101,7 @@ void Comm::notify_peers(const std::string& what) {
 }
 
 uint64_t Comm::collective_tag(int source, uint32_t slot) const {
-  return ((seq_ & 0x3FFFu) << 48) | (uint64_t(signature_hash_) << 32) | (uint64_t(source & 0xFFFF) << 16) |
-         (slot & 0xFFFFu);
+  return tags::collective(seq_, signature_hash_, source, slot);
 }
 
 Pending Comm::send(int peer, uint32_t slot, const void* data, size_t bytes) {
@@ -184,7 +169,7 @@ void Comm::wait_all(std::vector<Pending>& pending) {
 void Comm::check_notices() const {
   for (const auto& r : notice_recvs_) {
     if (!r->done()) continue;
-    const int from = int((r->sender_tag() & kSourceMask) >> 16);
+    const int from = tags::source_of(r->sender_tag());
     fail("rank " + std::to_string(from) + " reported: " + std::string(notices_in_[from].data()), from);
   }
 }
@@ -197,7 +182,7 @@ void Comm::wait(Pending& one) {
 
 void Comm::post_send(int peer, int user_tag, const void* data, size_t bytes, std::chrono::milliseconds timeout,
                      P2pDone done) {
-  Pending p{transport_->isend(peer, p2p_tag(rank(), user_tag), data, bytes), peer, bytes, false};
+  Pending p{transport_->isend(peer, tags::p2p(rank(), user_tag), data, bytes), peer, bytes, false};
   background_.push_back({std::move(p), Clock::now() + timeout,
                          "send to rank " + std::to_string(peer) + " (tag " + std::to_string(user_tag) + ")",
                          std::move(done)});
@@ -205,8 +190,8 @@ void Comm::post_send(int peer, int user_tag, const void* data, size_t bytes, std
 
 void Comm::post_recv(int peer, int user_tag, void* data, size_t bytes, std::chrono::milliseconds timeout,
                      P2pDone done) {
-  const uint64_t mask = peer < 0 ? ~kSourceMask : Transport::kFullMask;
-  Pending p{transport_->irecv(peer, p2p_tag(peer < 0 ? 0 : peer, user_tag), mask, data, bytes), peer, bytes, true};
+  const uint64_t mask = peer < 0 ? tags::kAnySourceMask : Transport::kFullMask;
+  Pending p{transport_->irecv(peer, tags::p2p(peer < 0 ? 0 : peer, user_tag), mask, data, bytes), peer, bytes, true};
   background_.push_back({std::move(p), Clock::now() + timeout,
                          "receive from " + (peer < 0 ? std::string("any rank") : "rank " + std::to_string(peer)) +
                              " (tag " + std::to_string(user_tag) + ")",
@@ -222,7 +207,7 @@ bool Comm::poll() {
     int source = it->pending.peer;
     if (it->pending.request->done()) {
       problem = check(it->pending, it->what);
-      if (it->pending.is_recv) source = int((it->pending.request->sender_tag() & kSourceMask) >> 16);
+      if (it->pending.is_recv) source = tags::source_of(it->pending.request->sender_tag());
     } else if (aborted_) {
       problem = it->what + " aborted: " + abort_reason_;
     } else if (now > it->deadline) {
@@ -243,14 +228,6 @@ bool Comm::poll() {
     progressed = true;
   }
   return progressed;
-}
-
-char* Comm::temp(size_t bytes) {
-  if (bytes > temp_bytes_) {
-    temp_.reset(new char[bytes]);
-    temp_bytes_ = bytes;
-  }
-  return temp_.get();
 }
 
 void Comm::abort(const std::string& why) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/host/scratch.h"
 #include "backend/host/transport.h"
 
 namespace cnccl::host {
@@ -66,9 +67,8 @@ class Comm {
   // Advances the transport and completes finished point-to-point messages.
   bool poll();
 
-  // A reusable buffer for an algorithm's temporaries (uninitialized; grows, never shrinks), so
-  // steady-state collectives neither allocate nor fault in fresh pages.
-  char* temp(size_t bytes);
+  // The group's reusable buffers (the path's workspace, staging, and the algorithms' own).
+  Scratch& scratch() { return scratch_; }
 
   // After abort() every wait throws, now and later.
   void abort(const std::string& why);
@@ -109,8 +109,7 @@ class Comm {
   std::vector<std::array<char, kNoticeBytes>> notices_in_;  // by source rank
   std::vector<std::unique_ptr<Request>> notice_recvs_;
   std::vector<std::unique_ptr<Request>> notice_sends_;
-  std::unique_ptr<char[]> temp_;
-  size_t temp_bytes_ = 0;
+  Scratch scratch_;
   std::mutex abort_mutex_;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;

@@ -8,6 +8,8 @@ constexpr size_t kMaxThreads = 16;
 
 // The executor whose completions this thread is running, if any.
 thread_local const Executor* running_completions_of = nullptr;
+// Set when a completion on this thread stopped (and so destroyed) the executor running it.
+thread_local bool orphaned = false;
 
 }  // namespace
 
@@ -41,6 +43,17 @@ void Executor::stop() {
   }
   job_cv_.notify_all();
   lead_cv_.notify_all();
+  const bool own_thread = running_completions_of == this;
+  if (own_thread) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    lead_cv_.wait(lock, [&] { return !leading_; });
+    while (!queue_.empty()) {
+      leading_ = true;
+      lead(lock);
+      leading_ = false;
+      complete(lock);
+    }
+  }
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -48,9 +61,24 @@ void Executor::stop() {
       threads.swap(threads_);
     }
     // A leader may have started one more thread while these were being joined.
-    for (auto& t : threads) t.join();
+    for (auto& t : threads) {
+      if (own_thread && t.get_id() == std::this_thread::get_id()) {
+        orphaned = true;
+        t.detach();
+      } else {
+        t.join();
+      }
+    }
     threads.clear();
   }
+}
+
+void Executor::complete(std::unique_lock<std::mutex>& lock) {
+  std::vector<std::function<void()>> done;
+  done.swap(completions_);
+  lock.unlock();
+  for (auto& completion : done) completion();
+  lock.lock();
 }
 
 void Executor::loop() {
@@ -74,6 +102,7 @@ void Executor::loop() {
     running_completions_of = this;
     for (auto& completion : done) completion();
     running_completions_of = nullptr;
+    if (orphaned) return;  // a completion stopped this executor, which is gone
     lock.lock();
   }
 }

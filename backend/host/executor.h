@@ -31,12 +31,17 @@ class Executor {
   // after that thread has handed the lead on.
   void defer(std::function<void()> completion);
   // Finishes the queued jobs (they fail fast once the comm is aborted), then joins the threads.
+  // Called from a completion on one of its own threads (a callback that dropped the group's last
+  // reference), that thread runs what is left itself and is not joined: it finishes its callbacks
+  // and exits without touching the executor again.
   void stop();
 
  private:
   void loop();
   // Runs one job, or polls background messages when there is none. Called while leading.
   void lead(std::unique_lock<std::mutex>& lock);
+  // Runs the deferred completions, unlocked.
+  void complete(std::unique_lock<std::mutex>& lock);
 
   Comm& comm_;
   std::mutex mutex_;

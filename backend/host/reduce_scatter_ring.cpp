@@ -13,14 +13,16 @@ constexpr size_t kMaxSegments = 16;
 }  // namespace
 
 void reduce_scatter_ring(Comm& comm, char* data, const Parts& parts, size_t elem, const Reducer& reduce,
-                         uint32_t slot_base) {
+                         const Producer& produce, uint32_t slot_base) {
   const int n = comm.size(), r = comm.rank();
+  const int first = (r + n - 1) % n;
+  if (produce) produce(parts.offset[first], parts.length[first]);
   if (n == 1) return;
-  char* incoming = comm.temp(parts.max_length() * elem);
+  char* incoming = comm.scratch().algorithm(parts.max_length() * elem);
   const size_t segments =
       n <= 2048 ? std::clamp<size_t>(parts.max_length() * elem / kSegmentBytes, 1, kMaxSegments) : 1;
-  // Step s sends the part reduced in step s-1 (own data at s = 0) and folds the neighbour's
-  // partial sum into the next part; after n-1 steps part r has been through every rank.
+  // Step s sends the part reduced in step s-1 (own data, `first`, at s = 0) and folds the
+  // neighbour's partial sum into the next part; after n-1 steps part r has been through every rank.
   for (int s = 0; s < n - 1; ++s) {
     const int out = ((r - 1 - s) % n + n) % n;
     const int in = ((r - 2 - s) % n + n) % n;

@@ -28,7 +28,7 @@ void reduce_direct(Comm& comm, char* data, size_t count, size_t elem, int root, 
     comm.wait(msgs);
     return;
   }
-  char* all = comm.temp(bytes * n);
+  char* all = comm.scratch().algorithm(bytes * n);
   std::memcpy(all + bytes * root, data, bytes);
   for (int peer = 0; peer < n; ++peer) {
     if (peer != root) msgs.push_back(comm.recv(peer, 0, all + bytes * peer, bytes));

@@ -43,6 +43,9 @@ def backend(group=None):
     impl = pg._get_backend(torch.device("cpu"))
     from cnccl._C import ProcessGroupCNCCL
 
+    # Under TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps every backend in its collective checker.
+    impl = getattr(impl, "wrapped_pg", impl)
+
     if not isinstance(impl, ProcessGroupCNCCL):
         raise ValueError(f"process group uses backend {dist.get_backend(pg)!r}, not cnccl")
     return impl

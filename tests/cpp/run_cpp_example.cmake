@@ -1,13 +1,20 @@
-# Configures and builds examples/cpp_allreduce against the cnccl build tree, then runs it as two
-# processes sharing a FileStore; fails unless both ranks report a correct compressed allreduce.
-execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE} -B ${BUILD} -Dcnccl_DIR=${cnccl_DIR} RESULT_VARIABLE rc
+# Installs cnccl from its build tree into a fresh prefix, then configures and builds
+# examples/cpp_allreduce as a user would: against that prefix alone (find_package(cnccl) through
+# CMAKE_PREFIX_PATH; torch found as the installed package says), and runs it as two processes
+# sharing a FileStore. Fails unless both ranks report a correct compressed allreduce.
+file(REMOVE_RECURSE ${PREFIX} ${BUILD})
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${CNCCL_BUILD} --prefix ${PREFIX} RESULT_VARIABLE rc OUTPUT_QUIET)
+if(rc)
+  message(FATAL_ERROR "cmake --install failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE} -B ${BUILD} -DCMAKE_PREFIX_PATH=${PREFIX} RESULT_VARIABLE rc
                 OUTPUT_QUIET)
 if(rc)
-  message(FATAL_ERROR "configuring the example failed")
+  message(FATAL_ERROR "configuring the example against the installed prefix failed")
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD} RESULT_VARIABLE rc)
 if(rc)
-  message(FATAL_ERROR "building the example failed")
+  message(FATAL_ERROR "building the example against the installed prefix failed")
 endif()
 set(store ${BUILD}/store)
 file(REMOVE ${store})

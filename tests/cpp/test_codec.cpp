@@ -11,7 +11,7 @@
 
 #include "compress/codec.h"
 
-namespace cnccl::codec {
+namespace cnccl::compress {
 namespace {
 
 uint32_t bits(float f) {
@@ -272,4 +272,4 @@ TEST(CodecDispatch, PicksFastestSupportedPathAndRejectsUnsupported) {
 }
 
 }  // namespace
-}  // namespace cnccl::codec
+}  // namespace cnccl::compress

@@ -10,7 +10,7 @@
 #include "compress/codec.h"
 #include "compress/cuda_codec.h"
 
-namespace cnccl::codec {
+namespace cnccl::compress {
 namespace {
 
 template <typename T>
@@ -76,4 +76,4 @@ TEST_F(CudaCodec, CastMatchesCpuForAlignedAndUnalignedBuffers) {
 }
 
 }  // namespace
-}  // namespace cnccl::codec
+}  // namespace cnccl::compress

@@ -109,6 +109,27 @@ TEST(HostThreads, FutureCallbackRunsACollectiveAndWaitsForIt) {
   EXPECT_FALSE(completed_before_attach.load()) << "rank 0's work completed before its callback was attached";
 }
 
+TEST(HostThreads, TheLastReferenceDroppedInACallbackShutsTheGroupDownOnItsOwnThread) {
+  // The group's executor thread runs the callback, and then destroys the callback and with it
+  // the group: it must stop its executor without joining itself (that aborted the process).
+  std::atomic<bool> attached{false};
+  auto ran = std::make_shared<std::atomic<bool>>(false);
+  on_ranks(2, [&](int rank, Group pg) {
+    std::vector<at::Tensor> t{at::ones({1024})};
+    if (rank == 1) {
+      while (!attached.load()) std::this_thread::yield();
+      pg->allreduce(t)->wait();
+      return;
+    }
+    auto future = pg->allreduce(t)->getFuture();
+    future->addCallback([pg = std::move(pg), ran](c10::ivalue::Future&) { ran->store(true); });
+    attached = true;
+    future->wait();
+    EXPECT_TRUE(at::equal(t[0], at::full_like(t[0], 2.0)));
+  });
+  EXPECT_TRUE(ran->load());
+}
+
 TEST(HostThreads, AbortFromAnotherThreadEndsOutstandingWork) {
   on_ranks(2, [](int rank, Group pg) {
     if (rank == 1) return;  // never joins: rank 0's work can only end by abort()

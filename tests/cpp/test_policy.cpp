@@ -1,4 +1,6 @@
-// The policy alone: which tensors are compressed and which scales apply (docs/design.md, "Semantics").
+// The policy alone (backend/policy.h): which tensors are compressed and which scales apply
+// (docs/design.md, "Semantics"), what that costs on the wire, which host algorithm runs, which
+// engine versions a wire needs.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -18,7 +20,7 @@ Plan plan(at::ScalarType t, RedOp op, const Config& c = {}, int64_t bytes = kBig
 TEST(Policy, Fp32SumIsCompressedAndNotDividedAgain) {
   const Plan p = plan(at::kFloat, RedOp::SUM);
   EXPECT_TRUE(p.compress);
-  EXPECT_EQ(p.wire, codec::Wire::kFp16);
+  EXPECT_EQ(p.wire, compress::Wire::kFp16);
   EXPECT_EQ(p.inner_op, RedOp::SUM);
   EXPECT_EQ(p.pre_scale, 1.0);
   EXPECT_EQ(p.post_scale, 1.0);
@@ -87,6 +89,45 @@ TEST(Policy, InvalidCombinationsNameTheProblem) {
   EXPECT_THROW(check_reduction(at::kBool, RedOp::AVG), c10::TypeError);
   EXPECT_THROW(check_reduction(at::kFloat8_e4m3fn, RedOp::SUM), c10::TypeError);
   EXPECT_NO_THROW(check_reduction(at::kBool, RedOp::BXOR));
+}
+
+TEST(Policy, ReduceIsNeverCompressedButKeepsItsScale) {
+  const Plan p = plan_exact_reduction({}, at::kFloat, kBig, RedOp::AVG, 1.0, kWorld);
+  EXPECT_FALSE(p.compress);
+  EXPECT_EQ(p.pre_scale, 0.25);
+  EXPECT_EQ(p.inner_op, RedOp::SUM);
+  EXPECT_FALSE(plan_exact_reduction({}, at::kFloat, kBig, RedOp::SUM, 1.0, kWorld).compress);
+  EXPECT_TRUE(plan(at::kFloat, RedOp::SUM).compress) << "the same tensor in an allreduce is compressed";
+}
+
+TEST(Policy, TrafficIsTwoBytesAnElementWhenCompressed) {
+  const Traffic compressed = traffic(plan(at::kFloat, RedOp::SUM), 1000, 4000);
+  EXPECT_EQ(compressed.bytes, 4000);
+  EXPECT_EQ(compressed.wire_bytes, 2000);
+  EXPECT_TRUE(compressed.compressed);
+  const Traffic exact = traffic(plan(at::kInt, RedOp::SUM), 1000, 4000);
+  EXPECT_EQ(exact.wire_bytes, 4000);
+  EXPECT_FALSE(exact.compressed);
+  EXPECT_EQ(exact_traffic(12).wire_bytes, 12);
+}
+
+TEST(Policy, DirectAllreduceUpToItsThresholdThenRing) {
+  EXPECT_EQ(choose_allreduce(0), AllreduceAlgorithm::kDirect);
+  EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes), AllreduceAlgorithm::kDirect);
+  EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes + 1), AllreduceAlgorithm::kRing);
+}
+
+TEST(Policy, Bf16WireNeedsNccl210) {
+  Config bf16;
+  bf16.wire = compress::Wire::kBf16;
+  EXPECT_NO_THROW(check_nccl_supports(bf16, kNcclBf16Version));
+  try {
+    check_nccl_supports(bf16, 20903);
+    ADD_FAILURE() << "bf16 accepted with NCCL 2.9.3";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("NCCL >= 2.10"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_nccl_supports(Config{}, 20903)) << "fp16 needs no particular NCCL";
 }
 
 TEST(Options, EnvironmentThenOptionsWithClearErrors) {

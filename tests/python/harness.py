@@ -1,7 +1,8 @@
 """Runs many cases inside one multi-process job, so a test module starts its ranks once.
 
-A worker module defines cases with @case; `run_job(module, world_size)` launches the ranks
-(gloo and cnccl groups over one TCPStore), runs every case on every rank, and returns
+A test module holds its cases and its pytest functions together (tests/README.md): `case = Cases()`,
+then `@case` on each case; `run_job(module, world_size)` launches the ranks (gloo and cnccl groups
+over one TCPStore), imports the module in each, runs its cases on every rank, and returns
 {case name: failure text or None}. A case fails if it fails on any rank.
 
 What keeps one job's outcome from depending on anything but its cases:
@@ -23,15 +24,26 @@ import sys
 import tempfile
 import traceback
 
-CASES = {}
+class Cases:
+    """The cases of one job: `@cases` or `@cases(min_world=2)` on a function taking the module's
+    Context. A module may hold several (one per job it runs); a job runs the one named by the
+    CNCCL_TEST_CASES variable of its environment, `case` by default."""
 
+    def __init__(self):
+        self.all = {}
 
-def case(fn=None, *, min_world=1):
-    def register(f):
-        CASES[f.__name__] = (f, min_world)
-        return f
+    def __call__(self, fn=None, *, min_world=1):
+        def register(f):
+            self.all[f.__name__] = (f, min_world)
+            return f
 
-    return register(fn) if fn is not None else register
+        return register(fn) if fn is not None else register
+
+    def names(self):
+        return sorted(self.all)
+
+    def min_world(self, name):
+        return self.all[name][1]
 
 
 # A case's collectives, cnccl's and gloo's alike, fail after this instead of hanging: a case that
@@ -139,12 +151,12 @@ def engine_env(engine):
     return {"CNCCL_CPU_ENGINE": engine}
 
 
-def check_case(results, name, world_size):
+def check_case(results, name, world_size, cases):
     """The pytest side of one case: skipped below its world size, else it must have passed."""
     import pytest
 
-    if world_size < CASES[name][1]:
-        pytest.skip(f"needs at least {CASES[name][1]} ranks")
+    if world_size < cases.min_world(name):
+        pytest.skip(f"needs at least {cases.min_world(name)} ranks")
     failure = results.get(name, "case did not run")
     assert failure is None, failure
 
@@ -164,8 +176,9 @@ def _worker(module):
     steps = dist.new_group(backend="gloo", timeout=10 * CASE_TIMEOUT)
     mod = importlib.import_module(module)
     ctx = mod.Context(rank, world) if hasattr(mod, "Context") else None
+    cases = getattr(mod, os.environ.get("CNCCL_TEST_CASES", "case"))
     results = {}
-    for name, (fn, min_world) in CASES.items():
+    for name, (fn, min_world) in cases.all.items():
         if world < min_world:
             continue
         if os.environ.get("CNCCL_TEST_TRACE"):

@@ -1,21 +1,321 @@
-"""cnccl's CUDA path on one GPU (world size 1): one job as configured by default, one with
-TORCH_NCCL_BLOCKING_WAIT=1. Skips, naming why, without a GPU."""
+"""cnccl on CUDA tensors, world size 1 on one GPU: one job as configured by default,\none with TORCH_NCCL_BLOCKING_WAIT=1. Skips, naming why, without a GPU.
+
+Oracles are plain torch ops on the GPU, written here: at world size 1 NCCL's reduction of one rank is
+that rank's value, so a compressed result must be exactly `(x * fp32(f)).to(wire).to(dtype) * post`, and
+a tensor that passes through must be exactly what NCCL computes on it (`x`, or `x * f` in x's dtype for
+PREMUL_SUM). Race windows are widened: the input is produced after a GPU sleep on the caller's stream,
+and the caching allocator is made to hand out memory right after each call.
+DDP on cnccl is compared with DDP on NCCL (the engine cnccl composes) + the seed hooks.
+"""
+
+import copy
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-import cuda_cases  # noqa: F401 - registers the cases
-from harness import CASES, cached_job, check_case
+import cnccl
+from harness import Cases, cached_job, check_case, gloo_group
+from models import Block, train
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+case = Cases()
 
-NAMES = sorted(n for n, (fn, _) in CASES.items() if fn.__module__ == "cuda_cases")
+R = dist.ReduceOp
+FACTOR = 0.37
+OPS = ["SUM", "AVG", "PREMUL_SUM", "PREMUL_SUM tensor", "MIN", "MAX"]
+N = 300_001  # odd: the vector kernels' scalar tail runs too
+WIRES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# The engine cnccl composes: the legacy ProcessGroupNCCL ("nccl-legacy" in torch 2.15, "nccl" before).
+NCCL = "nccl-legacy" if "nccl-legacy" in dist.Backend.backend_list else "nccl"
+SLEEP_CYCLES = 20_000_000  # ~10 ms on a current GPU
+
+
+def op_of(name, device, dtype=torch.float32):
+    if name == "PREMUL_SUM":
+        return dist._make_nccl_premul_sum(FACTOR)
+    if name == "PREMUL_SUM tensor":  # in the input's dtype, as NCCL's PreMulSum takes it
+        return dist._make_nccl_premul_sum(torch.tensor([FACTOR], dtype=dtype, device=device))
+    return {"SUM": R.SUM, "AVG": R.AVG, "MIN": R.MIN, "MAX": R.MAX}[name]
+
+
+def fp32(v):
+    return torch.tensor(v, dtype=torch.float32).item()
+
+
+class Context:
+    def __init__(self, rank, world):
+        assert world == 1, "the CUDA cases run at world size 1 (one GPU)"
+        self.device = torch.device("cuda", 0)
+        torch.cuda.set_device(self.device)
+        # name -> (group, wire dtype or None, compresses fp64, min_bytes)
+        self.groups = {
+            "fp16": (dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="fp16", min_bytes=0)),
+                     torch.float16, False, 0),
+            "bf16": (dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="bf16", min_bytes=0)),
+                     torch.bfloat16, False, 0),
+            "none": (dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="none")), None, False, 0),
+            "default": (dist.group.WORLD, torch.float16, False, 65536),
+            "fp64": (dist.new_group(backend="cnccl", pg_options=cnccl.Options(compress_fp64=True, min_bytes=0)),
+                     torch.float16, True, 0),
+        }
+        self.nccl = dist.new_group(backend=NCCL)
+        self.gloo = gloo_group()
+        self.gen = torch.Generator().manual_seed(7)
+
+    def data(self, n, dtype=torch.float32):
+        x = torch.randn(n, generator=self.gen, dtype=torch.float64) * 3
+        x[::97] *= 1e4  # beyond fp16's range once some are summed; scaled back in range by AVG/PREMUL
+        x[1::101] *= 1e-6  # fp16 subnormals
+        return x.to(dtype).to(self.device)
+
+
+def expected(x, op_name, group_name, ctx):
+    """What cnccl must give for x at world size 1, in plain torch on the GPU."""
+    _, wire, fp64, min_bytes = ctx.groups[group_name]
+    factor = FACTOR if op_name.startswith("PREMUL") else 1.0
+    compressed = wire is not None and x.nbytes >= min_bytes and (
+        x.dtype == torch.float32 or (x.dtype == torch.float64 and fp64))
+    if compressed:
+        return (x * fp32(factor)).to(wire).to(x.dtype)
+    if factor != 1.0:  # NCCL's PreMulSum: the factor in x's dtype, one multiply rounded in x's dtype
+        return x * torch.tensor(factor, dtype=x.dtype, device=x.device)
+    return x.clone()
+
+
+def same(got, want, what):
+    assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.dtype}{tuple(got.shape)} vs {want.dtype}"
+    ok = torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()], want[~want.isnan()])
+    assert ok, f"{what}: max diff {(got.double() - want.double()).abs().nan_to_num().max().item()}"
+
+
+def late(x):
+    """x, produced on the caller's stream only after a GPU sleep: a cast not ordered after it reads garbage."""
+    torch.cuda._sleep(SLEEP_CYCLES)
+    return x * 1
+
+
+def churn(like):
+    """Allocations right after a call: the caching allocator must not hand out buffers still in use."""
+    return [torch.full_like(like, float("nan")) for _ in range(4)]
+
+
+@case
+def allreduce_every_op_wire_dtype_sync_and_async(ctx):
+    for gname, (g, _, _, _) in ctx.groups.items():
+        for dtype in (torch.float32, torch.float64, torch.float16):
+            for op_name in OPS:
+                for async_op in (False, True):
+                    x = ctx.data(N, dtype)
+                    t = late(x)
+                    work = dist.all_reduce(t, op=op_of(op_name, ctx.device, dtype), group=g, async_op=async_op)
+                    junk = churn(t)
+                    if async_op:
+                        work.wait()
+                    # Synchronous: the current stream already sees the result, with no wait.
+                    doubled = t * 2
+                    what = f"allreduce {gname} {dtype} {op_name} {'async' if async_op else 'sync'}"
+                    same(doubled, expected(x, op_name, gname, ctx) * 2, what)
+                    del junk
+
+
+@case
+def reduce_scatter_forms(ctx):
+    for gname, (g, _, _, _) in ctx.groups.items():
+        for op_name in OPS:
+            x = ctx.data(N)
+            want = expected(x, op_name, gname, ctx)
+            out = torch.empty(N, device=ctx.device)
+            dist.reduce_scatter_tensor(out, late(x), op=op_of(op_name, ctx.device), group=g)
+            junk = churn(out)
+            same(out, want, f"reduce_scatter_tensor {gname} {op_name}")
+            out = torch.empty(N, device=ctx.device)
+            dist.reduce_scatter(out, [late(x)], op=op_of(op_name, ctx.device), group=g)
+            same(out, want, f"reduce_scatter (list) {gname} {op_name}")
+            outs = [torch.empty(N, device=ctx.device), torch.empty(N, device=ctx.device)]
+            with dist._coalescing_manager(group=g, async_ops=True) as cm:
+                for o in outs:
+                    dist.reduce_scatter_tensor(o, late(x), op=op_of(op_name, ctx.device), group=g)
+            cm.wait()
+            for o in outs:
+                same(o, want, f"reduce_scatter_tensor_coalesced {gname} {op_name}")
+            del junk
+
+
+@case
+def coalesced_allreduce_mixes_compressed_and_plain(ctx):
+    g = ctx.groups["default"][0]  # 64 KiB threshold: the small tensor passes through, exactly
+    xs = [ctx.data(N), ctx.data(100)]
+    ts = [late(x) for x in xs]
+    before = cnccl.stats(g)["compressed_collectives"]
+    dist.all_reduce_coalesced(ts, op=R.AVG, group=g)
+    assert cnccl.stats(g)["compressed_collectives"] == before + 1
+    for i, (t, x) in enumerate(zip(ts, xs)):
+        same(t, expected(x, "AVG", "default", ctx), f"allreduce_coalesced tensor {i}")
+
+
+@case
+def future_holds_the_restored_callers_tensor(ctx):
+    g = ctx.groups["fp16"][0]
+    x = ctx.data(N)
+    t = late(x)
+    fut = dist.all_reduce(t, group=g, async_op=True).get_future()
+    junk = churn(t)
+    value = fut.wait()[0]
+    assert value.data_ptr() == t.data_ptr(), "the future holds the caller's own tensor"
+    same(value, expected(x, "SUM", "fp16", ctx), "future value")
+    del junk
+
+
+@case
+def block_current_stream_orders_a_consumer(ctx):
+    g = ctx.groups["bf16"][0]
+    x = ctx.data(N)
+    t = late(x)
+    work = dist.all_reduce(t, group=g, async_op=True)
+    work.block_current_stream()
+    same(t * 1, expected(x, "SUM", "bf16", ctx), "after block_current_stream")
+
+
+@case
+def producer_and_consumer_on_other_streams(ctx):
+    g = ctx.groups["fp16"][0]
+    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    for _ in range(10):
+        x = ctx.data(1 << 22)
+        with torch.cuda.stream(producer):
+            t = late(x)
+        consumer.wait_stream(producer)
+        with torch.cuda.stream(consumer):
+            work = dist.all_reduce(t, group=g, async_op=True)
+            junk = churn(t)
+            work.wait()
+            doubled = t * 2  # consumes the restored tensor on the consumer stream
+        torch.cuda.current_stream().wait_stream(consumer)
+        same(doubled, expected(x, "SUM", "fp16", ctx) * 2, "allreduce across producer/consumer streams")
+        del junk
+
+
+@case
+def many_async_works_in_flight(ctx):
+    g = ctx.groups["bf16"][0]
+    xs = [ctx.data(int(n)) for n in torch.randint(1, 1 << 20, (64,), generator=ctx.gen)]
+    ts = [late(x) for x in xs]
+    works = [dist.all_reduce(t, op=R.AVG, group=g, async_op=True) for t in ts]
+    junk = [churn(t) for t in ts]
+    for w in works:
+        w.wait()
+    for i, (t, x) in enumerate(zip(ts, xs)):
+        same(t, expected(x, "AVG", "bf16", ctx), f"async allreduce {i}")
+    del junk
+
+
+@case
+def cuda_graph_capture(ctx):
+    g = ctx.groups["fp16"][0]
+    x = ctx.data(N)
+    static = x.clone()
+    dist.all_reduce(static.clone(), group=g)  # the communicator exists before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph):
+        dist.all_reduce(static, op=dist._make_nccl_premul_sum(FACTOR), group=g)
+    for _ in range(2):
+        static.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        same(static, expected(x, "PREMUL_SUM", "fp16", ctx), "replayed capture")
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            dist.all_reduce(static, op=op_of("PREMUL_SUM tensor", ctx.device), group=g)
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        assert "CUDA graph" in str(e) and "Python number" in str(e), str(e)
+    else:
+        raise AssertionError("a compressed PREMUL_SUM with a CUDA tensor factor was captured")
+
+
+@case
+def stats_prove_16bit_wire_on_cuda(ctx):
+    g = ctx.groups["fp16"][0]
+    s0 = cnccl.stats(g)
+    dist.all_reduce(torch.ones(1 << 20, device=ctx.device), group=g)
+    s1 = cnccl.stats(g)
+    assert s1["compressed_collectives"] - s0["compressed_collectives"] == 1
+    assert s1["bytes_sent"] - s0["bytes_sent"] == 2 << 20
+    assert s1["bytes_uncompressed"] - s0["bytes_uncompressed"] == 4 << 20
+
+
+@case
+def passthrough_collectives_reach_nccl(ctx):
+    g = ctx.groups["fp16"][0]
+    x = torch.arange(10, device=ctx.device, dtype=torch.float32)
+    dist.broadcast(x, 0, group=g)
+    out = torch.empty(10, device=ctx.device)
+    dist.all_gather_into_tensor(out, x, group=g)
+    same(out, x, "all_gather_into_tensor")
+    i = torch.arange(5, device=ctx.device)
+    dist.all_reduce(i, op=R.MAX, group=g)
+    same(i, torch.arange(5, device=ctx.device), "int allreduce passes through")
+    out = torch.empty(10, device=ctx.device)
+    dist.all_to_all_single(out, x, group=g)
+    same(out, x, "all_to_all_single")
+
+
+@case
+def ddp_matches_nccl_with_seed_hooks(ctx):
+    for wire, hook in (("fp16", default_hooks.fp16_compress_hook), ("bf16", default_hooks.bf16_compress_hook)):
+        torch.manual_seed(0)
+        base = Block().to(ctx.device)
+        ref = DDP(copy.deepcopy(base), process_group=ctx.nccl)  # NCCL: the engine cnccl composes
+        ref.register_comm_hook(ctx.nccl, hook)
+        g = ctx.groups[wire][0]
+        ours = DDP(copy.deepcopy(base), process_group=g)
+        before = cnccl.stats(g)["compressed_collectives"]
+        ref_grads, ref_params = train(ref, ref.module, 5, ctx.device)
+        our_grads, our_params = train(ours, ours.module, 5, ctx.device)
+        assert cnccl.stats(g)["compressed_collectives"] > before, "DDP's buckets were not compressed"
+        for step, (a, b) in enumerate(zip(ref_grads, our_grads)):
+            for i, (ga, gb) in enumerate(zip(a, b)):
+                same(gb, ga, f"{wire} step {step} grad {i}")
+        for i, (pa, pb) in enumerate(zip(ref_params, our_params)):
+            same(pb, pa, f"{wire} param {i}")
+
+
+@case
+def fsdp2_trains_on_cnccl_and_its_reduce_scatter_ops_compress(ctx):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    g = ctx.groups["fp16"][0]
+    torch.manual_seed(0)
+    base = Block().to(ctx.device)
+    model = copy.deepcopy(base)
+    for layer in (model.mlp, model):
+        fully_shard(layer, mesh=DeviceMesh.from_group(g, "cuda"))
+    _, params = train(model, model, 3, ctx.device)
+    ref = copy.deepcopy(base)
+    _, ref_params = train(ref, ref, 3, ctx.device)
+    for i, (p, r) in enumerate(zip(params, ref_params)):
+        same(p.full_tensor() if hasattr(p, "full_tensor") else p, r, f"fsdp2 param {i}")
+    # FSDP2 skips its reduce-scatter at world size 1, so its ops are exercised directly.
+    for op_name in ("AVG", "PREMUL_SUM", "SUM"):
+        x = ctx.data(N)
+        out = torch.empty(N, device=ctx.device)
+        before = cnccl.stats(g)["compressed_collectives"]
+        dist.reduce_scatter_tensor(out, x, op=op_of(op_name, ctx.device), group=g)
+        assert cnccl.stats(g)["compressed_collectives"] == before + 1
+        same(out, expected(x, op_name, "fp16", ctx), f"FSDP-style reduce_scatter {op_name}")
 
 
 ENVS = {"default": {}, "blocking-wait": {"TORCH_NCCL_BLOCKING_WAIT": "1"}}
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 @pytest.mark.parametrize("env", list(ENVS))
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", case.names())
 def test_cuda(name, env):
-    check_case(cached_job("cuda_cases", 1, env=ENVS[env]), name, 1)
+    check_case(cached_job(__name__, 1, env=ENVS[env]), name, 1, case)

@@ -66,7 +66,7 @@ def test_build_contains_the_cuda_path():
         assert soname in needed, f"{lib} does not link {soname}"
     symbols = subprocess.run(["nm", "-DC", "--defined-only", lib], capture_output=True, text=True, check=True).stdout
     for fn in ("make_nccl_engine(", "make_cuda_device(", "Composition::allreduce(", "ComposedWork::wait(",
-               "codec::cuda::cast(", "codec::cuda::restore("):
+               "compress::cuda::cast(", "compress::cuda::restore("):
         assert re.search(re.escape("cnccl::") + r"\S*" + re.escape(fn), symbols), f"{fn} is not in {lib}"
 
 

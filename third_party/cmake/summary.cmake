@@ -11,7 +11,7 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64" AND EXISTS /proc/cpuinfo)
   endif()
 endif()
 
-if(CNCCL_CUDA)
+if(CNCCL_WITH_CUDA)
   set(_cuda "on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES}, nccl.h ${NCCL_HEADER_VERSION})")
 else()
   set(_cuda "off")

@@ -1,0 +1,156 @@
+// The host path's lifecycle, its funnel and point-to-point messages. The collectives are in
+// reductions.cpp and data_movement.cpp.
+#include "backend/host/host_path.h"
+
+#include <chrono>
+
+#include "backend/checks.h"
+#include "backend/errors.h"
+#include "backend/host/comm.h"
+#include "backend/host/executor.h"
+#include "backend/host/ucx_transport.h"
+
+namespace cnccl::host {
+namespace {
+
+// Adds the time since construction (or the last lap) to a counter on lap().
+class PhaseTimer {
+ public:
+  void lap(std::atomic<uint64_t>& into) {
+    const auto now = std::chrono::steady_clock::now();
+    into += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count());
+    start_ = now;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+// `fn` that also adds its own time to `into`.
+template <typename... Args>
+std::function<void(Args...)> timed(std::function<void(Args...)> fn, std::atomic<uint64_t>& into) {
+  return [fn = std::move(fn), &into](Args... args) {
+    PhaseTimer t;
+    fn(args...);
+    t.lap(into);
+  };
+}
+
+}  // namespace
+
+HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::string group_name,
+                   const Config& config, std::chrono::milliseconds timeout, Stats& stats)
+    : c10d::Backend(rank, size), config_(config), timeout_(timeout), stats_(stats) {
+  comm_ = std::make_unique<Comm>(std::make_unique<UcxTransport>(store, rank, size), std::move(group_name));
+  executor_ = std::make_unique<Executor>(*comm_);
+}
+
+HostPath::~HostPath() { shutdown(); }
+
+uint64_t HostPath::transport_bytes_sent() const { return comm_->bytes_sent(); }
+
+void HostPath::abort() { comm_->abort("abort() was called on the process group"); }
+
+void HostPath::shutdown() {
+  if (!executor_) return;
+  // As with NCCL: operations still outstanding end with an error instead of waiting on peers.
+  comm_->abort("shutdown() was called on the process group");
+  executor_->stop();
+  executor_.reset();
+}
+
+c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> steps) {
+  TORCH_CHECK(executor_, "cnccl ", call.name, ": the process group has been shut down");
+  TORCH_INTERNAL_ASSERT(steps.size() == call.signatures.size(), "cnccl ", call.name, ": one step per signature");
+  for (const auto& t : call.traffic) stats_.record(t);
+  const uint64_t seq = seq_.fetch_add(steps.size());
+  auto work = c10::make_intrusive<HostWork>(rank_, call.type, seq, call.outputs);
+  profile_collective(call.type, call.outputs, call.wire(), work->getFuture());
+  executor_->submit([this, work, seq, call = std::move(call), steps = std::move(steps)] {
+    try {
+      if (!broken_.empty()) {
+        throw errors::backend_error(std::string("cnccl ") + call.name + " (seq " + std::to_string(seq) +
+                                    "): the group is unusable after an earlier failure: " + broken_);
+      }
+      for (size_t i = 0; i < steps.size(); ++i) {
+        comm_->begin(call.name, seq + i, call.timeout, i == 0 ? call.signature() : call.signatures[i]);
+        run(steps[i]);
+      }
+      comm_->end();
+      executor_->defer([work] { work->complete(); });
+    } catch (const std::exception& e) {
+      const std::string what = errors::message_of(e);
+      if (broken_.empty()) broken_ = what;
+      auto error = std::make_exception_ptr(errors::backend_error(what + " (" + call.on_failure + ")"));
+      executor_->defer([work, error] { work->fail(error); });
+    }
+  });
+  return work;
+}
+
+void HostPath::run(const Step& step) {
+  Scratch& scratch = comm_->scratch();
+  const Buffers buffers{scratch.workspace(step.workspace_bytes), scratch.staging(step.staging_bytes)};
+  PhaseTimer timer;
+  if (step.pre) step.pre(buffers);
+  timer.lap(stats_.cast_ns);
+  // The algorithm's reducers and producers count their own time (reduce_ns, cast_ns).
+  const uint64_t reduce_before = stats_.reduce_ns.load(), cast_before = stats_.cast_ns.load();
+  step.algorithm(buffers);
+  timer.lap(stats_.transfer_ns);
+  stats_.transfer_ns -= (stats_.reduce_ns.load() - reduce_before) + (stats_.cast_ns.load() - cast_before);
+  if (step.post) step.post(buffers);
+  timer.lap(stats_.restore_ns);
+}
+
+Reducer HostPath::timed_reducer(Reducer reduce) { return timed(std::move(reduce), stats_.reduce_ns); }
+
+Producer HostPath::timed_producer(Producer produce) { return timed(std::move(produce), stats_.cast_ns); }
+
+c10::intrusive_ptr<c10d::Work> HostPath::submit_p2p(c10d::OpType type, at::Tensor tensor, int peer, int tag,
+                                                    bool is_send) {
+  const char* name = is_send ? "send" : "recv";
+  checks::host_tensor(tensor, name);
+  TORCH_CHECK_VALUE(peer < size_ && (peer >= 0 || type == c10d::OpType::RECVANYSOURCE), "cnccl ", name, ": peer rank ",
+                    peer, " is outside the group of ", size_);
+  TORCH_CHECK_VALUE(peer != rank_, "cnccl ", name, ": a rank cannot ", name, " to itself");
+  TORCH_CHECK(executor_, "cnccl ", name, ": the process group has been shut down");
+  // The message travels from/into a contiguous buffer; a strided receive is copied back at the end.
+  at::Tensor buffer = tensor.is_contiguous()
+                          ? tensor
+                          : (is_send ? tensor.contiguous() : at::empty_like(tensor, at::MemoryFormat::Contiguous));
+  auto work = c10::make_intrusive<HostWork>(rank_, type, 0, std::vector<at::Tensor>{tensor});
+  profile_collective(type, {tensor}, "none", work->getFuture());
+  executor_->submit([this, work, buffer, tensor, peer, tag, is_send, timeout = timeout_]() mutable {
+    auto done = [this, work, buffer, tensor](std::exception_ptr error, int source) mutable {
+      if (error) return executor_->defer([work, error] { work->fail(error); });
+      if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+      work->set_source_rank(source);
+      executor_->defer([work] { work->complete(); });
+    };
+    try {
+      if (is_send) {
+        comm_->post_send(peer, tag, buffer.data_ptr(), buffer.nbytes(), timeout, done);
+      } else {
+        comm_->post_recv(peer, tag, buffer.data_ptr(), buffer.nbytes(), timeout, done);
+      }
+    } catch (const std::exception&) {
+      executor_->defer([work, error = std::current_exception()] { work->fail(error); });
+    }
+  });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> HostPath::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  return submit_p2p(c10d::OpType::SEND, checks::single(tensors, "send"), dst_rank, tag, true);
+}
+
+c10::intrusive_ptr<c10d::Work> HostPath::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  return submit_p2p(c10d::OpType::RECV, checks::single(tensors, "recv"), src_rank, tag, false);
+}
+
+c10::intrusive_ptr<c10d::Work> HostPath::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return submit_p2p(c10d::OpType::RECVANYSOURCE, checks::single(tensors, "recv"), -1, tag, false);
+}
+
+}  // namespace cnccl::host

@@ -1,0 +1,122 @@
+// The host path (docs/design.md, "Two paths"): cnccl's own collectives on CPU tensors, over a
+// Transport (UCX). Every collective is a Call (call.h: checked, planned, signed) plus one Step
+// per tensor, and goes through one funnel, submit(): on the group's executor thread it begins
+// each step (the signature headers), runs pre -> algorithm -> post, times those phases and
+// records the call's traffic. The collectives themselves (reductions.cpp, data_movement.cpp)
+// only say what each phase does.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "backend/call.h"
+#include "backend/host/algorithms.h"
+#include "backend/stats.h"
+#include "backend/work.h"
+
+namespace cnccl::host {
+
+class Executor;
+
+class HostPath final : public c10d::Backend {
+ public:
+  HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::string group_name,
+           const Config& config, std::chrono::milliseconds timeout, Stats& stats);
+  ~HostPath() override;
+
+  const std::string getBackendName() const override { return "cnccl-host"; }
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+  uint64_t transport_bytes_sent() const;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  void abort() override;
+  void shutdown() override;
+
+ private:
+  // The buffers a step's phases share, from the comm's Scratch, sized as the step asked.
+  struct Buffers {
+    char* workspace;
+    char* staging;
+  };
+  // One tensor's part of a collective. pre: into the workspace (cast, or pack and scale);
+  // algorithm: over the transport; post: out of it (restore, or unscale and unpack). The funnel
+  // times them as cast_ns, transfer_ns (less what the algorithm's timed reducers and producers
+  // count as reduce_ns and cast_ns) and restore_ns.
+  struct Step {
+    size_t workspace_bytes = 0;
+    size_t staging_bytes = 0;
+    std::function<void(const Buffers&)> pre, algorithm, post;
+  };
+
+  // The funnel: records `call`'s traffic and queues its steps, one per signature.
+  c10::intrusive_ptr<c10d::Work> submit(Call call, std::vector<Step> steps);
+  void run(const Step& step);
+  c10::intrusive_ptr<c10d::Work> submit_p2p(c10d::OpType type, at::Tensor tensor, int peer, int tag, bool is_send);
+
+  // An algorithm's reducer, timed into reduce_ns; its producer, into cast_ns.
+  Reducer timed_reducer(Reducer reduce);
+  Producer timed_producer(Producer produce);
+  // The steps of the reductions, shared by their list, tensor and coalesced forms.
+  Step allreduce_step(const at::Tensor& tensor, const Plan& plan);
+  Step reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
+  // Allgathers `input` into `out` (world size x its bytes), then unpacks into `outputs` if any.
+  Step allgather_step(const at::Tensor& input, const std::vector<at::Tensor>& outputs, char* out = nullptr);
+
+  Group group() const { return {config_, rank_, size_, timeout_}; }
+
+  const Config config_;
+  const std::chrono::milliseconds timeout_;
+  Stats& stats_;
+  std::atomic<uint64_t> seq_{0};
+  std::unique_ptr<Comm> comm_;
+  std::string broken_;  // executor thread only: the first failure, after which the group is unusable
+  std::unique_ptr<Executor> executor_;
+};
+
+}  // namespace cnccl::host

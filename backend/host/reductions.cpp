@@ -1,0 +1,155 @@
+// The host path's reductions: allreduce, reduce_scatter and reduce in all their forms. Each
+// makes its Call (checked, planned, signed) and one Step per tensor for the funnel.
+#include <memory>
+
+#include "backend/host/comm.h"
+#include "backend/host/host_path.h"
+#include "backend/host/staging.h"
+
+namespace cnccl::host {
+
+HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& plan) {
+  const size_t n = tensor.numel();
+  const size_t elem = plan.compress ? 2 : tensor.element_size();
+  const at::ScalarType dtype = tensor.scalar_type();
+  const bool ring = choose_allreduce(int64_t(n * elem)) == AllreduceAlgorithm::kRing;
+  const bool fused = ring && FusedCast::applies(plan, dtype);
+  auto src = std::make_shared<at::Tensor>();  // the tensor as one block, from pre on
+  Step step;
+  step.workspace_bytes = n * elem;
+  step.pre = [=](const Buffers& b) {
+    *src = tensor.contiguous();
+    if (fused) return;  // cast as the ring reduces (FusedCast)
+    if (plan.compress) return cast_into(*src, reinterpret_cast<uint16_t*>(b.workspace), plan);
+    pack(*src, b.workspace);
+    pre_scale(b.workspace, n, dtype, plan);
+  };
+  step.algorithm = [=, this](const Buffers& b) {
+    if (!ring) return allreduce_direct(*comm_, b.workspace, n, elem, timed_reducer(reducer(plan, dtype)));
+    if (!fused) return allreduce_ring(*comm_, b.workspace, n, elem, timed_reducer(reducer(plan, dtype)));
+    const float* x = src->const_data_ptr<float>();
+    const FusedCast cast{reinterpret_cast<uint16_t*>(b.workspace), [x](size_t i) { return x + i; },
+                         float(plan.pre_scale), plan.wire};
+    allreduce_ring(*comm_, b.workspace, n, elem, timed_reducer(cast.reducer()), timed_producer(cast.producer()));
+  };
+  step.post = [=](const Buffers& b) {
+    src->reset();
+    if (plan.compress) return restore_into(reinterpret_cast<uint16_t*>(b.workspace), tensor, plan);
+    post_scale(b.workspace, n, dtype, plan);
+    unpack(b.workspace, tensor);
+  };
+  return step;
+}
+
+HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
+                                             const Plan& plan) {
+  const size_t each = output.numel();
+  const size_t elem = plan.compress ? 2 : output.element_size();
+  const at::ScalarType dtype = output.scalar_type();
+  const bool fused = FusedCast::applies(plan, dtype);
+  const int size = size_;
+  auto srcs = std::make_shared<std::vector<at::Tensor>>();  // the inputs as blocks, from pre on
+  Step step;
+  step.workspace_bytes = each * elem * size;
+  step.pre = [=](const Buffers& b) {
+    for (const auto& in : inputs) srcs->push_back(in.contiguous());
+    if (fused) return;  // cast as the ring reduces (FusedCast)
+    for (int i = 0; i < size; ++i) {
+      char* part = b.workspace + each * elem * i;
+      if (plan.compress) {
+        cast_into((*srcs)[i], reinterpret_cast<uint16_t*>(part), plan);
+      } else {
+        pack((*srcs)[i], part);
+      }
+    }
+    if (!plan.compress) pre_scale(b.workspace, each * size, dtype, plan);
+  };
+  step.algorithm = [=, this](const Buffers& b) {
+    // Nothing to move (every rank agreed on the count through the signature header).
+    if (each == 0) return;
+    const Parts parts = Parts::equal(each, size);
+    if (!fused) return reduce_scatter_ring(*comm_, b.workspace, parts, elem, timed_reducer(reducer(plan, dtype)));
+    std::vector<const float*> x;
+    for (const auto& in : *srcs) x.push_back(in.const_data_ptr<float>());
+    const FusedCast cast{reinterpret_cast<uint16_t*>(b.workspace),
+                         [x, each](size_t i) { return x[i / each] + i % each; }, float(plan.pre_scale), plan.wire};
+    reduce_scatter_ring(*comm_, b.workspace, parts, elem, timed_reducer(cast.reducer()),
+                        timed_producer(cast.producer()));
+  };
+  step.post = [=, rank = rank_](const Buffers& b) {
+    srcs->clear();
+    char* mine = b.workspace + each * elem * rank;
+    if (plan.compress) return restore_into(reinterpret_cast<uint16_t*>(mine), output, plan);
+    post_scale(mine, each, dtype, plan);
+    unpack(mine, output);
+  };
+  return step;
+}
+
+c10::intrusive_ptr<c10d::Work> HostPath::allreduce(std::vector<at::Tensor>& tensors,
+                                                   const c10d::AllreduceOptions& opts) {
+  Call call = calls::allreduce(tensors, opts, group());
+  Step step = allreduce_step(tensors[0], call.plans[0]);
+  return submit(std::move(call), {std::move(step)});
+}
+
+c10::intrusive_ptr<c10d::Work> HostPath::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceCoalescedOptions& opts) {
+  Call call = calls::allreduce_coalesced(tensors, opts, group());
+  std::vector<Step> steps;
+  for (size_t i = 0; i < tensors.size(); ++i) steps.push_back(allreduce_step(tensors[i], call.plans[i]));
+  return submit(std::move(call), std::move(steps));
+}
+
+c10::intrusive_ptr<c10d::Work> HostPath::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                        std::vector<std::vector<at::Tensor>>& inputs,
+                                                        const c10d::ReduceScatterOptions& opts) {
+  Call call = calls::reduce_scatter(outputs, inputs, opts, group());
+  Step step = reduce_scatter_step(inputs[0], outputs[0], call.plans[0]);
+  return submit(std::move(call), {std::move(step)});
+}
+
+c10::intrusive_ptr<c10d::Work> HostPath::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                              const c10d::ReduceScatterOptions& opts) {
+  Call call = calls::reduce_scatter_tensor(output, input, opts, group());
+  Step step = reduce_scatter_step(input.contiguous().reshape({-1}).chunk(size_), output, call.plans[0]);
+  return submit(std::move(call), {std::move(step)});
+}
+
+c10::intrusive_ptr<c10d::Work> HostPath::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                         std::vector<at::Tensor>& inputs,
+                                                                         const c10d::ReduceScatterOptions& opts) {
+  Call call = calls::reduce_scatter_tensor_coalesced(outputs, inputs, opts, group());
+  std::vector<Step> steps;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    steps.push_back(
+        reduce_scatter_step(inputs[i].contiguous().reshape({-1}).chunk(size_), outputs[i], call.plans[i]));
+  }
+  return submit(std::move(call), std::move(steps));
+}
+
+c10::intrusive_ptr<c10d::Work> HostPath::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  Call call = calls::reduce(tensors, opts, group());
+  const at::Tensor t = tensors[0];
+  const Plan plan = call.plans[0];
+  const int root = int(opts.rootRank);
+  const bool is_root = rank_ == root;
+  Step step;
+  step.workspace_bytes = t.nbytes();
+  step.pre = [=](const Buffers& b) {
+    pack(t, b.workspace);
+    pre_scale(b.workspace, t.numel(), t.scalar_type(), plan);
+  };
+  step.algorithm = [=, this](const Buffers& b) {
+    reduce_direct(*comm_, b.workspace, t.numel(), t.element_size(), root,
+                  timed_reducer(reducer(plan, t.scalar_type())));
+  };
+  step.post = [=](const Buffers& b) {
+    if (!is_root) return;
+    post_scale(b.workspace, t.numel(), t.scalar_type(), plan);
+    unpack(b.workspace, t);
+  };
+  return submit(std::move(call), {std::move(step)});
+}
+
+}  // namespace cnccl::host

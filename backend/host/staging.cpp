@@ -1,0 +1,87 @@
+#include "backend/host/staging.h"
+
+#include "backend/wide_data.h"
+
+namespace cnccl::host {
+namespace {
+
+Reducer aten_reducer(at::ScalarType dtype, RedOp op) {
+  return [dtype, op](void* acc_ptr, const void* in_ptr, size_t n) {
+    at::Tensor acc = view(static_cast<char*>(acc_ptr), int64_t(n), dtype);
+    at::Tensor in = view(static_cast<char*>(const_cast<void*>(in_ptr)), int64_t(n), dtype);
+    const bool boolean = dtype == at::kBool;
+    switch (op) {
+      case RedOp::SUM: boolean ? acc.logical_or_(in) : acc.add_(in); break;
+      case RedOp::PRODUCT: boolean ? acc.logical_and_(in) : acc.mul_(in); break;
+      case RedOp::MIN: at::minimum_out(acc, acc, in); break;
+      case RedOp::MAX: at::maximum_out(acc, acc, in); break;
+      case RedOp::BAND: acc.bitwise_and_(in); break;
+      case RedOp::BOR: acc.bitwise_or_(in); break;
+      case RedOp::BXOR: acc.bitwise_xor_(in); break;
+      default: TORCH_CHECK(false, "cnccl: no reducer for op ", op_name(op));
+    }
+  };
+}
+
+}  // namespace
+
+at::Tensor view(char* data, int64_t numel, at::ScalarType dtype) {
+  return at::from_blob(data, {numel}, at::TensorOptions().dtype(dtype));
+}
+
+void pack(const at::Tensor& src, char* dst) {
+  if (src.numel() == 0) return;
+  view(dst, src.numel(), src.scalar_type()).copy_(src.reshape({-1}));
+}
+
+void unpack(const char* src, const at::Tensor& dst) {
+  if (dst.numel() == 0) return;
+  dst.copy_(view(const_cast<char*>(src), dst.numel(), dst.scalar_type()).view(dst.sizes()));
+}
+
+void cast_into(const at::Tensor& src, uint16_t* dst, const Plan& plan) {
+  with_wide_data(src, [&](auto* x) { compress::cast(x, dst, src.numel(), float(plan.pre_scale), plan.wire); });
+}
+
+void restore_into(const uint16_t* src, const at::Tensor& dst, const Plan& plan) {
+  at::Tensor out = dst.is_contiguous() ? dst : at::empty_like(dst, at::MemoryFormat::Contiguous);
+  with_wide_data(out, [&](auto* y) { compress::restore(src, y, out.numel(), float(plan.post_scale), plan.wire); });
+  if (!out.is_same(dst)) dst.copy_(out);
+}
+
+void pre_scale(char* data, int64_t numel, at::ScalarType dtype, const Plan& plan) {
+  if (plan.pre_scale != 1.0) view(data, numel, dtype).mul_(plan.pre_scale);
+}
+
+void post_scale(char* data, int64_t numel, at::ScalarType dtype, const Plan& plan) {
+  if (plan.post_divisor != 1) view(data, numel, dtype).div_(plan.post_divisor, "trunc");
+}
+
+Reducer reducer(const Plan& plan, at::ScalarType dtype) {
+  if (!plan.compress) return aten_reducer(dtype, plan.inner_op);
+  if (plan.inner_op != RedOp::SUM) return aten_reducer(plan.wire == compress::Wire::kFp16 ? at::kHalf : at::kBFloat16,
+                                                       plan.inner_op);
+  return [wire = plan.wire](void* acc, const void* in, size_t n) {
+    compress::add(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(in), n, wire);
+  };
+}
+
+bool FusedCast::applies(const Plan& plan, at::ScalarType dtype) {
+  return plan.compress && plan.inner_op == RedOp::SUM && dtype == at::kFloat;
+}
+
+Producer FusedCast::producer() const {
+  return [c = *this](size_t offset, size_t count) {
+    compress::cast(c.source(offset), c.wire + offset, count, c.scale, c.wire_dtype);
+  };
+}
+
+Reducer FusedCast::reducer() const {
+  return [c = *this](void* acc, const void* in, size_t n) {
+    auto* out = static_cast<uint16_t*>(acc);
+    compress::cast_add(c.source(size_t(out - c.wire)), static_cast<const uint16_t*>(in), out, n, c.scale,
+                       c.wire_dtype);
+  };
+}
+
+}  // namespace cnccl::host

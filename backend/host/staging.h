@@ -1,0 +1,50 @@
+// Moving tensors into and out of the host path's raw buffers: pack/unpack (exact copies), the
+// codec's cast/restore (16-bit wire), the uncompressed scales, and the reducers the algorithms
+// call. Everything that knows a tensor's dtype on the host path is here.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+
+#include "backend/host/algorithms.h"
+#include "backend/policy.h"
+
+namespace cnccl::host {
+
+// A flat tensor over raw memory.
+at::Tensor view(char* data, int64_t numel, at::ScalarType dtype);
+
+// Copies `src` (any strides) into raw contiguous memory, and back.
+void pack(const at::Tensor& src, char* dst);
+void unpack(const char* src, const at::Tensor& dst);
+
+// Casts `src` (fp32 or fp64, contiguous) into the 16-bit workspace with the plan's pre-scale.
+void cast_into(const at::Tensor& src, uint16_t* dst, const Plan& plan);
+// Restores the 16-bit workspace into `dst` (any strides) with the plan's post-scale.
+void restore_into(const uint16_t* src, const at::Tensor& dst, const Plan& plan);
+
+// Uncompressed AVG / PREMUL_SUM scaling and integer AVG's division, in the tensor's own dtype.
+void pre_scale(char* data, int64_t numel, at::ScalarType dtype, const Plan& plan);
+void post_scale(char* data, int64_t numel, at::ScalarType dtype, const Plan& plan);
+
+// The plan's reduction on buffers of `dtype`, or on the 16-bit wire when it compresses.
+Reducer reducer(const Plan& plan, at::ScalarType dtype);
+
+// The cast folded into a ring's reductions (a compressed fp32 SUM): the wire element at index i
+// comes from source(i). The producer casts the part the ring sends first; the reducer casts
+// every other part as it adds the neighbour's partial sum to it, saving a pass over memory.
+// Bit-identical to casting everything first (compress::cast_add).
+struct FusedCast {
+  uint16_t* wire;
+  std::function<const float*(size_t index)> source;
+  float scale;
+  compress::Wire wire_dtype;
+
+  // Whether `plan` on `dtype` can fold its cast this way.
+  static bool applies(const Plan& plan, at::ScalarType dtype);
+  Producer producer() const;
+  Reducer reducer() const;
+};
+
+}  // namespace cnccl::host
