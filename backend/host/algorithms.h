@@ -4,12 +4,19 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <functional>
 #include <vector>
 
 #include "backend/host/comm.h"
 
 namespace cnccl::host {
+
+// Copies `bytes` (possibly none: the buffers of an empty tensor may be null, which memcpy does not
+// allow even for zero bytes).
+inline void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memmove(dst, src, bytes);
+}
 
 // acc[i] = acc[i] (op) in[i] for `count` elements.
 using Reducer = std::function<void(void* acc, const void* in, size_t count)>;

@@ -1,4 +1,3 @@
-#include <cstring>
 #include <vector>
 
 #include "backend/host/algorithms.h"
@@ -10,7 +9,7 @@ void allreduce_direct(Comm& comm, char* data, size_t count, size_t elem, const R
   if (n == 1) return;
   const size_t bytes = count * elem;
   char* all = comm.scratch().algorithm(bytes * n);
-  std::memcpy(all + bytes * r, data, bytes);
+  copy_bytes(all + bytes * r, data, bytes);
   std::vector<Pending> msgs;
   for (int peer = 0; peer < n; ++peer) {
     if (peer == r) continue;
@@ -19,7 +18,7 @@ void allreduce_direct(Comm& comm, char* data, size_t count, size_t elem, const R
   }
   comm.wait(msgs);
   // Rank order, identical on every rank: results agree bit for bit across the group.
-  std::memcpy(data, all, bytes);
+  copy_bytes(data, all, bytes);
   for (int peer = 1; peer < n; ++peer) reduce(data, all + bytes * peer, count);
 }
 

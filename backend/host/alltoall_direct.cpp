@@ -1,4 +1,3 @@
-#include <cstring>
 #include <vector>
 
 #include "backend/host/algorithms.h"
@@ -15,7 +14,7 @@ void alltoall_direct(Comm& comm, const char* in, const std::vector<size_t>& send
     msgs.push_back(comm.recv(peer, 0, out + recv_off[peer], recv_len[peer]));
     msgs.push_back(comm.send(peer, 0, in + send_off[peer], send_len[peer]));
   }
-  std::memmove(out + recv_off[r], in + send_off[r], send_len[r]);
+  copy_bytes(out + recv_off[r], in + send_off[r], send_len[r]);
   comm.wait(msgs);
 }
 

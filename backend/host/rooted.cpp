@@ -1,6 +1,5 @@
 // The rooted collectives: one root talks to every other rank directly. At the group sizes the
 // host path serves, a tree saves little over this and costs clarity.
-#include <cstring>
 #include <vector>
 
 #include "backend/host/algorithms.h"
@@ -29,19 +28,19 @@ void reduce_direct(Comm& comm, char* data, size_t count, size_t elem, int root, 
     return;
   }
   char* all = comm.scratch().algorithm(bytes * n);
-  std::memcpy(all + bytes * root, data, bytes);
+  copy_bytes(all + bytes * root, data, bytes);
   for (int peer = 0; peer < n; ++peer) {
     if (peer != root) msgs.push_back(comm.recv(peer, 0, all + bytes * peer, bytes));
   }
   comm.wait(msgs);
-  std::memcpy(data, all, bytes);
+  copy_bytes(data, all, bytes);
   for (int peer = 1; peer < n; ++peer) reduce(data, all + bytes * peer, count);
 }
 
 void gather_direct(Comm& comm, const char* in, size_t bytes, char* out, int root) {
   std::vector<Pending> msgs;
   if (comm.rank() == root) {
-    std::memcpy(out + bytes * root, in, bytes);
+    copy_bytes(out + bytes * root, in, bytes);
     for (int peer = 0; peer < comm.size(); ++peer) {
       if (peer != root) msgs.push_back(comm.recv(peer, 0, out + bytes * peer, bytes));
     }
@@ -54,7 +53,7 @@ void gather_direct(Comm& comm, const char* in, size_t bytes, char* out, int root
 void scatter_direct(Comm& comm, const char* in, char* out, size_t bytes, int root) {
   std::vector<Pending> msgs;
   if (comm.rank() == root) {
-    std::memcpy(out, in + bytes * root, bytes);
+    copy_bytes(out, in + bytes * root, bytes);
     for (int peer = 0; peer < comm.size(); ++peer) {
       if (peer != root) msgs.push_back(comm.send(peer, 0, in + bytes * peer, bytes));
     }

@@ -1,7 +1,8 @@
 // An in-memory Transport for testing the host algorithms without a network: ranks are threads of
 // one process sharing a Fabric. A send is copied at once into the destination's queue (or into a
 // receive already posted there); a receive matches tags under its mask in arrival order, and
-// fails as "truncated" when the message is larger than its buffer, as UCX's tag matching does.
+// fails as "truncated" when the message is larger than its buffer, as UCX's tag matching does. A
+// receive whose request is destroyed unmatched is withdrawn.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -36,6 +37,8 @@ class Fabric {
   class MemoryRequest final : public Request {
    public:
     MemoryRequest(Fabric& fabric, std::shared_ptr<State> state) : fabric_(fabric), state_(std::move(state)) {}
+    // A receive's buffer may be freed after its request: nothing may be delivered into it then.
+    ~MemoryRequest() override { fabric_.cancel(state_); }
     bool done() const override {
       std::lock_guard<std::mutex> lock(fabric_.mutex_);
       return state_->done;
