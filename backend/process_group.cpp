@@ -23,12 +23,12 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
   if (config_.cpu_engine == CpuEngine::kGloo) {
     TORCH_CHECK_VALUE(cpu_engine && cpu_engine->getBackendName() == "gloo", "cnccl: cpu_engine=gloo needs torch's "
                       "ProcessGroupGloo passed to the constructor (the Python registration does this)");
-    composed::Engine engine{cpu_engine, "gloo", /*reduces_avg_and_premul=*/false, /*reduce_keeps_non_root=*/false,
+    composed::Engine gloo{cpu_engine, "gloo", /*reduces_avg_and_premul=*/false, /*reduce_keeps_non_root=*/false,
                             /*coalesces_mixed_dtypes=*/false};
-    auto composition = std::make_unique<composed::Composition>(std::move(engine), composed::make_cpu_device(),
-                                                               config_, /*stats=*/nullptr, rank, size);
-    auto gloo = c10::make_intrusive<composed::ComposedPath>(rank, size, std::move(composition));
-    cpu_ = c10::make_intrusive<composed::IssuedPath>(gloo, name, config_, options_->timeout, stats_);
+    auto composition = std::make_unique<composed::Composition>(std::move(gloo), composed::make_cpu_device(), config_,
+                                                               /*stats=*/nullptr, rank, size);
+    auto composed = c10::make_intrusive<composed::ComposedPath>(rank, size, std::move(composition));
+    cpu_ = c10::make_intrusive<composed::IssuedPath>(composed, cpu_engine, name, config_, options_->timeout, stats_);
   } else {
     TORCH_CHECK_VALUE(!cpu_engine, "cnccl: a CPU engine was passed, but cpu_engine is ucx");
     auto host = c10::make_intrusive<host::HostPath>(store, rank, size, name, config_, options_->timeout, stats_);

@@ -18,8 +18,9 @@ namespace cnccl::composed {
 
 class IssuedPath final : public c10d::Backend {
  public:
-  IssuedPath(c10::intrusive_ptr<ComposedPath> composed, std::string group_name, const Config& config,
-             std::chrono::milliseconds timeout, Stats& stats);
+  // `engine`: the gloo that `composed` runs over, which the Issuer agrees signatures on.
+  IssuedPath(c10::intrusive_ptr<ComposedPath> composed, c10::intrusive_ptr<c10d::Backend> engine,
+             std::string group_name, const Config& config, std::chrono::milliseconds timeout, Stats& stats);
 
   const std::string getBackendName() const override { return "cnccl-issued"; }
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
