@@ -40,6 +40,14 @@ CpuEngine parse_cpu_engine(const std::string& value, const char* source) {
   TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: ucx, gloo");
 }
 
+ShmMode parse_shm(const std::string& value, const char* source) {
+  const std::string v = lower(value);
+  if (v == "auto") return ShmMode::kAuto;
+  if (v == "on" || v == "1") return ShmMode::kOn;
+  if (v == "off" || v == "0") return ShmMode::kOff;
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: auto, on, off");
+}
+
 int64_t parse_bytes(const std::string& value, const char* source) {
   char* end = nullptr;
   errno = 0;
@@ -69,6 +77,7 @@ Config Options::resolve() const {
   if (auto v = env("CNCCL_SUM_SCALING")) c.sum_scaling = parse_sum_scaling(*v, "CNCCL_SUM_SCALING");
   if (auto v = env("CNCCL_COMPRESS_FP64")) c.compress_fp64 = parse_bool(*v, "CNCCL_COMPRESS_FP64");
   if (auto v = env("CNCCL_CPU_ENGINE")) c.cpu_engine = parse_cpu_engine(*v, "CNCCL_CPU_ENGINE");
+  if (auto v = env("CNCCL_SHM")) c.shm = parse_shm(*v, "CNCCL_SHM");
   if (wire_dtype) c.wire = parse_wire(*wire_dtype, "Options.wire_dtype");
   if (min_bytes) {
     TORCH_CHECK_VALUE(*min_bytes >= 0, "cnccl: Options.min_bytes=", *min_bytes,
@@ -78,6 +87,7 @@ Config Options::resolve() const {
   if (sum_scaling) c.sum_scaling = parse_sum_scaling(*sum_scaling, "Options.sum_scaling");
   if (compress_fp64) c.compress_fp64 = *compress_fp64;
   if (cpu_engine) c.cpu_engine = parse_cpu_engine(*cpu_engine, "Options.cpu_engine");
+  if (shm) c.shm = parse_shm(*shm, "Options.shm");
   return c;
 }
 

@@ -15,6 +15,9 @@ enum class SumScaling : uint8_t { kNone, kWorld };
 // What runs CPU tensors' collectives: cnccl's own host path over UCX, or torch's ProcessGroupGloo
 // under the composed path (docs/design.md, "The composed path").
 enum class CpuEngine : uint8_t { kUcx, kGloo };
+// Whether the host path's ranks on one host use shared memory (docs/design.md, "Shared memory"):
+// when they can (auto), always (on: group creation fails when they cannot), or never (UCX only).
+enum class ShmMode : uint8_t { kAuto, kOn, kOff };
 
 // The settings a group runs with, after defaults, environment and Options are combined.
 struct Config {
@@ -23,9 +26,11 @@ struct Config {
   SumScaling sum_scaling = SumScaling::kNone;
   bool compress_fp64 = false;
   CpuEngine cpu_engine = CpuEngine::kUcx;
+  ShmMode shm = ShmMode::kAuto;
 
   std::string wire_name() const { return wire ? compress::wire_name(*wire) : "none"; }
   const char* cpu_engine_name() const { return cpu_engine == CpuEngine::kGloo ? "gloo" : "ucx"; }
+  const char* shm_name() const { return shm == ShmMode::kOn ? "on" : shm == ShmMode::kOff ? "off" : "auto"; }
 };
 
 struct Options : c10d::Backend::Options {
@@ -36,6 +41,7 @@ struct Options : c10d::Backend::Options {
   std::optional<std::string> sum_scaling;  // none | world
   std::optional<bool> compress_fp64;
   std::optional<std::string> cpu_engine;   // ucx | gloo
+  std::optional<std::string> shm;          // auto | on | off
 
   // Overrides Backend::Options::clone() where the torch version has it (keeps the subclass).
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const;

@@ -101,7 +101,9 @@ Traffic traffic(const Plan& plan, int64_t numel, int64_t nbytes) {
   return {nbytes, plan.compress ? numel * 2 : nbytes, plan.compress};
 }
 
-AllreduceAlgorithm choose_allreduce(int64_t wire_bytes) {
+AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory) {
+  if (shared_memory == SharedMemory::kOneHost) return AllreduceAlgorithm::kShm;
+  if (shared_memory == SharedMemory::kPerHost) return AllreduceAlgorithm::kHierarchical;
   return wire_bytes > kDirectAllreduceMaxBytes ? AllreduceAlgorithm::kRing : AllreduceAlgorithm::kDirect;
 }
 

@@ -48,10 +48,15 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
 Plan plan_exact_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, RedOp op, double factor,
                           int world_size);
 
-// The host path's allreduce algorithms: one exchange with every peer (latency-bound sizes), or a
-// ring reduce-scatter + allgather (bandwidth-bound sizes).
-enum class AllreduceAlgorithm : uint8_t { kDirect, kRing };
-AllreduceAlgorithm choose_allreduce(int64_t wire_bytes);
+// Where the host path's ranks share memory: nowhere, all on one host, or within each of several
+// hosts that each hold the same number of them.
+enum class SharedMemory : uint8_t { kNone, kOneHost, kPerHost };
+// The host path's allreduce algorithms: through shared memory when every rank shares it (every
+// size: it has its own small-message form); hierarchical across hosts (shared memory inside each
+// host, UCX between them); else over the transport, one exchange with every peer (latency-bound
+// sizes) or a ring reduce-scatter + allgather (bandwidth-bound sizes).
+enum class AllreduceAlgorithm : uint8_t { kShm, kHierarchical, kDirect, kRing };
+AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory);
 // Up to this many bytes on the wire the direct exchange wins (bench/allreduce.py, 2 and 4 ranks).
 constexpr int64_t kDirectAllreduceMaxBytes = 256 * 1024;
 

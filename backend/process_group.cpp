@@ -36,7 +36,7 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
     cpu_ = host;
   }
   LOG(INFO) << "cnccl: group '" << name << "' rank " << rank << "/" << size << ": CPU tensors on "
-            << (host_ ? "the host path (UCX)" : "the composed path over gloo") << ", CUDA tensors on "
+            << (host_ ? "the host path over " + host_->transport() : std::string("the composed path over gloo")) << ", CUDA tensors on "
             << (cuda_nccl_version() ? "the composed path over NCCL " + std::to_string(cuda_nccl_version())
                                     : std::string("no path (built without CUDA)"))
             << "; wire " << config_.wire_name() << ", min_bytes " << config_.min_bytes;
@@ -102,6 +102,8 @@ int ProcessGroupCNCCL::cuda_nccl_version() {
 void ProcessGroupCNCCL::eagerConnectSingleDevice(at::Device device) {
   if (device.is_cuda()) cuda_path("eager connect").eagerConnectSingleDevice(device);
 }
+
+std::string ProcessGroupCNCCL::cpu_transport() const { return host_ ? host_->transport() : "gloo"; }
 
 std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
   return {{"collectives", stats_.collectives.load()},

@@ -28,6 +28,14 @@ import torch.multiprocessing as mp
 VARIANTS = ["cnccl-fp16", "cnccl-bf16", "cnccl-none", "gloo-fp32", "gloo-hook"]
 PHASES = ("cast", "reduce", "transfer", "restore")
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,128M"
+# Bytes of DRAM traffic per fp32 element on each rank of a compressed (16-bit) allreduce, from the
+# passes each of cnccl's host transports makes over memory that does not stay in cache.
+DRAM_BYTES = {
+    "shm": (12, "the cast reads 4, the result copy writes 2 to the workspace, the restore reads 2 and writes 4; "
+                "the 16-bit slots stay in cache"),
+    "ucx": (17, "2 ranks: the cast of the part sent first 3, a receive copy 2, cast-and-add 4, a second receive "
+                "copy 2, the restore 6"),
+}
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
@@ -90,7 +98,7 @@ def worker(rank, world, port, sizes, trials, out):
                         phases[name][p] += (after[p + "_ns"] - before[p + "_ns"]) / (reps * trials)
                 x.normal_()
         rows.append({"bytes": nbytes, "seconds": {n: statistics.median(t[1:]) for n, t in times.items()},
-                     "phases_ns": phases})
+                     "phases_ns": phases, "cnccl_transport": cnccl.config(groups["cnccl-fp16"])["cpu_transport"]})
     if rank == 0:
         out.put(rows)
     dist.destroy_process_group()
@@ -142,6 +150,10 @@ def table(world, rows, trials):
     small = rows[0]
     lines.append(f"\nlatency at {label(small['bytes'])}, microseconds: " +
                  ", ".join(f"{n} {small['seconds'][n] * 1e6:.1f}" for n in VARIANTS))
+    transport = small["cnccl_transport"]
+    dram, passes = DRAM_BYTES["shm" if transport == "shm" else "ucx"]
+    lines.append(f"\ncnccl's CPU transport: {transport}; DRAM traffic per fp32 element per rank, fp16 wire, estimated "
+                 f"from its passes: {dram} bytes ({passes})")
     lines.append("\nrank 0's time per allreduce by phase, microseconds (cnccl.stats: cast = scale-and-cast or "
                  "packing copy, transfer = moving bytes and waiting on peers, restore = restore or unpacking copy)")
     lines.append(f"{'size':>6} {'variant':>11} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'wall':>9}")

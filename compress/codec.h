@@ -37,4 +37,10 @@ void add(uint16_t* acc, const uint16_t* in, size_t n, Wire wire);
 // cast of a part into that part's first reduction.
 void cast_add(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire wire);
 
+// dst[i] = round16(((widen(in[0][i]) + widen(in[1][i])) + ...) + widen(in[k-1][i])): the inputs
+// summed in fp32 in the order given, rounded once. At k = 2 this equals add() bit for bit (fp32
+// holds more than twice a 16-bit significand plus two bits, so rounding twice is exact); at
+// k > 2 it is the more accurate sum the shared-memory path defines (docs/design.md).
+void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire);
+
 }  // namespace cnccl::compress

@@ -179,10 +179,27 @@ void cast_add_f32(const float* src, const uint16_t* in, uint16_t* acc, size_t n,
   scalar_kernels().cast_add_f32(src + i, in + i, acc + i, n - i, scale, w);
 }
 
+void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire w) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 a = widen8(in[0] + i, w), b = widen8(in[0] + i + 8, w);
+    for (size_t j = 1; j < k; ++j) {
+      a = _mm256_add_ps(a, widen8(in[j] + i, w));
+      b = _mm256_add_ps(b, widen8(in[j] + i + 8, w));
+    }
+    narrow16(a, b, dst + i, w);
+  }
+  for (; i < n; ++i) {
+    float s = from_wire(in[0][i], w);
+    for (size_t j = 1; j < k; ++j) s += from_wire(in[j][i], w);
+    dst[i] = to_wire(s, w);
+  }
+}
+
 }  // namespace
 
 const CpuKernels* avx2_f16c_kernels() {
-  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add, cast_add_f32};
+  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add, cast_add_f32, sum};
   return &kernels;
 }
 

@@ -68,5 +68,8 @@ void add(uint16_t* acc, const uint16_t* in, size_t n, Wire wire) { active().add(
 void cast_add(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire wire) {
   active().cast_add_f32(src, in, acc, n, scale, wire);
 }
+void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire) {
+  active().sum(in, k, dst, n, wire);
+}
 
 }  // namespace cnccl::compress

@@ -12,6 +12,7 @@ struct CpuKernels {
   void (*restore_f64)(const uint16_t*, double*, size_t, float, Wire);
   void (*add)(uint16_t*, const uint16_t*, size_t, Wire);
   void (*cast_add_f32)(const float*, const uint16_t*, uint16_t*, size_t, float, Wire);
+  void (*sum)(const uint16_t* const*, size_t, uint16_t*, size_t, Wire);
 };
 
 const CpuKernels& scalar_kernels();

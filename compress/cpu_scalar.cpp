@@ -84,10 +84,18 @@ void cast_add_f32(const float* src, const uint16_t* in, uint16_t* acc, size_t n,
   for (size_t i = 0; i < n; ++i) acc[i] = to_wire(from_wire(to_wire(src[i] * scale, w), w) + from_wire(in[i], w), w);
 }
 
+void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire w) {
+  for (size_t i = 0; i < n; ++i) {
+    float s = from_wire(in[0][i], w);
+    for (size_t j = 1; j < k; ++j) s += from_wire(in[j][i], w);
+    dst[i] = to_wire(s, w);
+  }
+}
+
 }  // namespace
 
 const CpuKernels& scalar_kernels() {
-  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add, cast_add_f32};
+  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add, cast_add_f32, sum};
   return kernels;
 }
 

@@ -61,7 +61,7 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     if rank == 0:
         print(f"cnccl DDP: {world} ranks, {params / 1e6:.2f}M parameters, wire {cnccl.config()['wire_dtype']}, "
-              f"OMP threads {torch.get_num_threads()}", flush=True)
+              f"CPU transport {cnccl.config()['cpu_transport']}, OMP threads {torch.get_num_threads()}", flush=True)
 
     first = last = None
     for step in range(1, args.steps + 1):

@@ -52,32 +52,35 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
 ``new_group``. A field left as None takes its CNCCL_* environment variable, or the default.)")
       .def(py::init([](std::optional<std::string> wire_dtype, std::optional<int64_t> min_bytes,
                        std::optional<std::string> sum_scaling, std::optional<bool> compress_fp64,
-                       std::optional<std::string> cpu_engine, std::chrono::milliseconds timeout) {
+                       std::optional<std::string> cpu_engine, std::optional<std::string> shm,
+                       std::chrono::milliseconds timeout) {
              auto o = c10::make_intrusive<cnccl::Options>(timeout);
              o->wire_dtype = std::move(wire_dtype);
              o->min_bytes = min_bytes;
              o->sum_scaling = std::move(sum_scaling);
              o->compress_fp64 = compress_fp64;
              o->cpu_engine = std::move(cpu_engine);
+             o->shm = std::move(shm);
              o->resolve();  // bad values fail here, where the user wrote them
              return o;
            }),
            py::kw_only(), py::arg("wire_dtype") = py::none(), py::arg("min_bytes") = py::none(),
            py::arg("sum_scaling") = py::none(), py::arg("compress_fp64") = py::none(),
-           py::arg("cpu_engine") = py::none(),
+           py::arg("cpu_engine") = py::none(), py::arg("shm") = py::none(),
            py::arg("timeout") = kBackendDefaultTimeout)
       .def_readwrite("wire_dtype", &cnccl::Options::wire_dtype)
       .def_readwrite("min_bytes", &cnccl::Options::min_bytes)
       .def_readwrite("sum_scaling", &cnccl::Options::sum_scaling)
       .def_readwrite("compress_fp64", &cnccl::Options::compress_fp64)
       .def_readwrite("cpu_engine", &cnccl::Options::cpu_engine)
+      .def_readwrite("shm", &cnccl::Options::shm)
       .def("_resolved_cpu_engine", [](const cnccl::Options& o) { return o.resolve().cpu_engine_name(); },
            "The CPU engine these options select once CNCCL_CPU_ENGINE is applied: 'ucx' or 'gloo'.")
       .def("__repr__", [](const cnccl::Options& o) {
         auto show = [](const auto& v) { return v ? py::str(py::cast(*v)).cast<std::string>() : std::string("None"); };
         return "cnccl.Options(wire_dtype=" + show(o.wire_dtype) + ", min_bytes=" + show(o.min_bytes) +
                ", sum_scaling=" + show(o.sum_scaling) + ", compress_fp64=" + show(o.compress_fp64) +
-               ", cpu_engine=" + show(o.cpu_engine) + ")";
+               ", cpu_engine=" + show(o.cpu_engine) + ", shm=" + show(o.shm) + ")";
       });
 
   py::class_<cnccl::ProcessGroupCNCCL, c10d::Backend, IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>>(
@@ -98,6 +101,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
         d["sum_scaling"] = c.sum_scaling == cnccl::SumScaling::kWorld ? "world" : "none";
         d["compress_fp64"] = c.compress_fp64;
         d["cpu_engine"] = c.cpu_engine_name();
+        d["shm"] = c.shm_name();
+        d["cpu_transport"] = pg.cpu_transport();
         d["timeout"] = pg.timeout();
         return d;
       }, "The settings in force after defaults, CNCCL_* variables and Options are combined.");

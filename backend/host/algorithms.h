@@ -12,6 +12,8 @@
 
 namespace cnccl::host {
 
+class ShmComm;
+
 // Copies `bytes` (possibly none: the buffers of an empty tensor may be null, which memcpy does not
 // allow even for zero bytes).
 inline void copy_bytes(void* dst, const void* src, size_t bytes) {
@@ -67,5 +69,30 @@ void alltoall_direct(Comm& comm, const char* in, const std::vector<size_t>& send
                      const std::vector<size_t>& recv_len);
 // Returns once every rank has entered.
 void barrier_direct(Comm& comm);
+
+// A reduction through shared memory (reduce_shm.cpp): every rank's contribution to the elements
+// of `parts`, reduced in rank order, lands in `out` (element e at out + e * elem) on the ranks
+// `deliver` names: all of them (allreduce), each its own part (reduce_scatter), or the root.
+// Writes this rank's contribution to elements [offset, offset + count) to `dst`, as sent.
+using ShmProduce = std::function<void(size_t offset, size_t count, char* dst)>;
+// dst = the reduction of inputs[0], ..., inputs[size - 1] (one per rank) over `count` elements.
+using ShmSum = std::function<void(const char* const* inputs, char* dst, size_t count)>;
+struct ShmReduction {
+  Parts parts;
+  size_t elem;
+  ShmProduce produce;
+  ShmSum sum;
+  char* out;
+  enum Deliver { kAll, kOwn, kRoot } deliver = kAll;
+  int root = 0;
+};
+void reduce_shm(ShmComm& shm, const ShmReduction& reduction);
+// Across hosts (allreduce_hierarchical.cpp): `local` reduce-scattered through this host's shared
+// memory (each local rank owns part l), each part allreduced with `reduce` among its owners on every
+// host over `across` (ring or direct by size), then allgathered through shared memory.
+void allreduce_hierarchical(ShmComm& shm, Comm& across, const ShmReduction& local, const Reducer& reduce);
+// Through shared memory (copy_shm.cpp): as allgather_ring, and as broadcast_direct.
+void allgather_shm(ShmComm& shm, char* data, const Parts& parts, size_t elem);
+void broadcast_shm(ShmComm& shm, char* data, size_t bytes, int root);
 
 }  // namespace cnccl::host

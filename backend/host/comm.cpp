@@ -39,7 +39,8 @@ Comm::Comm(std::unique_ptr<Transport> transport, std::string group_name)
   }
 }
 
-void Comm::begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout, const std::string& signature) {
+void Comm::begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout, const std::string& signature,
+                 bool exchange_headers) {
   settle_headers();
   op_ = op;
   seq_ = seq;
@@ -52,6 +53,10 @@ void Comm::begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout
     char digest[24];
     std::snprintf(digest, sizeof digest, " ... #%016llx", static_cast<unsigned long long>(fnv1a(text)));
     text = text.substr(0, kHeaderBytes - 1 - std::strlen(digest)) + digest;
+  }
+  if (!exchange_headers) {
+    signature_hash_ = uint16_t(fnv1a(text) | 1);
+    return;
   }
   header_out_.fill(0);
   text.copy(header_out_.data(), header_out_.size() - 1);

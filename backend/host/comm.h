@@ -43,7 +43,9 @@ class Comm {
   // `signature` is what every rank must agree on (sizes, dtype, op...): it travels as a small
   // header to both ring neighbours, and the first wait() (or end()) compares what arrived, so a
   // disagreement is an error naming both sides rather than a wrong tensor or a hang.
-  void begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout, const std::string& signature);
+  // With `exchange_headers` false the ranks have agreed on the signature elsewhere (ShmComm).
+  void begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout, const std::string& signature,
+             bool exchange_headers = true);
   // Settles the collective's headers (for a body that waited on nothing, or on nothing more).
   void end();
 

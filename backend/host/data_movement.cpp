@@ -11,8 +11,10 @@ HostPath::Step HostPath::allgather_step(const at::Tensor& input, const std::vect
   const int size = size_, rank = rank_;
   Step step;
   step.workspace_bytes = out ? 0 : bytes * size;
+  step.on_shm = all_on_shm();
   step.pre = [=](const Buffers& b) { pack(input, (out ? out : b.workspace) + bytes * rank); };
   step.algorithm = [=, this](const Buffers& b) {
+    if (all_on_shm()) return allgather_shm(*shm_, out ? out : b.workspace, Parts::equal(bytes, size), 1);
     allgather_ring(*comm_, out ? out : b.workspace, Parts::equal(bytes, size), 1);
   };
   step.post = [=](const Buffers& b) {
@@ -77,7 +79,11 @@ c10::intrusive_ptr<c10d::Work> HostPath::broadcast(std::vector<at::Tensor>& tens
   step.pre = [=](const Buffers& b) {
     if (is_root) pack(t, b.workspace);
   };
-  step.algorithm = [=, this](const Buffers& b) { broadcast_direct(*comm_, b.workspace, t.nbytes(), root); };
+  step.on_shm = all_on_shm();
+  step.algorithm = [=, this](const Buffers& b) {
+    if (all_on_shm()) return broadcast_shm(*shm_, b.workspace, t.nbytes(), root);
+    broadcast_direct(*comm_, b.workspace, t.nbytes(), root);
+  };
   step.post = [=](const Buffers& b) {
     if (!is_root) unpack(b.workspace, t);
   };
@@ -168,7 +174,10 @@ c10::intrusive_ptr<c10d::Work> HostPath::alltoall(std::vector<at::Tensor>& outpu
 
 c10::intrusive_ptr<c10d::Work> HostPath::barrier(const c10d::BarrierOptions& opts) {
   Step step;
-  step.algorithm = [this](const Buffers&) { barrier_direct(*comm_); };
+  // With shared memory the funnel's signature agreement already waits for every rank.
+  step.algorithm = [this](const Buffers&) {
+    if (!all_on_shm()) barrier_direct(*comm_);
+  };
   return submit(calls::barrier(opts, group()), {std::move(step)});
 }
 

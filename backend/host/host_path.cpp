@@ -2,12 +2,15 @@
 // reductions.cpp and data_movement.cpp.
 #include "backend/host/host_path.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include <chrono>
 
 #include "backend/checks.h"
 #include "backend/errors.h"
 #include "backend/host/comm.h"
 #include "backend/host/executor.h"
+#include "backend/host/shm_comm.h"
 #include "backend/host/ucx_transport.h"
 
 namespace cnccl::host {
@@ -41,20 +44,55 @@ std::function<void(Args...)> timed(std::function<void(Args...)> fn, std::atomic<
 HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::string group_name,
                    const Config& config, std::chrono::milliseconds timeout, Stats& stats)
     : c10d::Backend(rank, size), config_(config), timeout_(timeout), stats_(stats) {
-  comm_ = std::make_unique<Comm>(std::make_unique<UcxTransport>(store, rank, size), std::move(group_name));
+  comm_ = std::make_unique<Comm>(std::make_unique<UcxTransport>(store, rank, size), group_name);
+  if (size > 1) {
+    shm_ = ShmComm::connect(*store, rank, size, group_name, config.shm != ShmMode::kOff, &no_shm_because_);
+    TORCH_CHECK(shm_ || config.shm != ShmMode::kOn, "cnccl: CNCCL_SHM=on, but the ranks cannot share memory: ",
+                no_shm_because_);
+    if (shm_ && shm_->hosts().size() > 1) {
+      // Its own UCX worker, so its tags never meet the group's.
+      auto across = c10::make_intrusive<c10d::PrefixStore>("cnccl/across_hosts/" + std::to_string(shm_->rank()) + "/",
+                                                          store);
+      cross_ = std::make_unique<Comm>(std::make_unique<UcxTransport>(across, shm_->host(), int(shm_->hosts().size())),
+                                      group_name + "' across hosts, local rank " + std::to_string(shm_->rank()) + ", '");
+    }
+  } else {
+    no_shm_because_ = "a single rank";
+  }
   executor_ = std::make_unique<Executor>(*comm_);
 }
 
 HostPath::~HostPath() { shutdown(); }
 
-uint64_t HostPath::transport_bytes_sent() const { return comm_->bytes_sent(); }
+uint64_t HostPath::transport_bytes_sent() const {
+  return comm_->bytes_sent() + (cross_ ? cross_->bytes_sent() : 0) + (shm_ ? shm_->bytes_published() : 0);
+}
 
-void HostPath::abort() { comm_->abort("abort() was called on the process group"); }
+SharedMemory HostPath::shared_memory() const {
+  if (!shm_) return SharedMemory::kNone;
+  return cross_ ? SharedMemory::kPerHost : SharedMemory::kOneHost;
+}
+
+std::string HostPath::transport() const {
+  switch (shared_memory()) {
+    case SharedMemory::kOneHost: return "shm";
+    case SharedMemory::kPerHost: return "shm within each host, ucx across " + std::to_string(shm_->hosts().size()) + " hosts";
+    default: return "ucx (" + no_shm_because_ + ")";
+  }
+}
+
+void HostPath::abort() {
+  comm_->abort("abort() was called on the process group");
+  if (shm_) shm_->abort("abort() was called on the process group");
+  if (cross_) cross_->abort("abort() was called on the process group");
+}
 
 void HostPath::shutdown() {
   if (!executor_) return;
   // As with NCCL: operations still outstanding end with an error instead of waiting on peers.
   comm_->abort("shutdown() was called on the process group");
+  if (shm_) shm_->abort("shutdown() was called on the process group");
+  if (cross_) cross_->abort("shutdown() was called on the process group");
   executor_->stop();
   executor_.reset();
 }
@@ -73,7 +111,12 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
                                     "): the group is unusable after an earlier failure: " + broken_);
       }
       for (size_t i = 0; i < steps.size(); ++i) {
-        comm_->begin(call.name, seq + i, call.timeout, i == 0 ? call.signature() : call.signatures[i]);
+        // Where every rank shares memory, ranks agree on the signature there; else over UCX.
+        const std::string signature = i == 0 ? call.signature() : call.signatures[i];
+        if (shm_) shm_->begin(call.name, seq + i, call.timeout, signature);
+        if (all_on_shm() && !steps[i].on_shm) shm_->agree();
+        comm_->begin(call.name, seq + i, call.timeout, signature, /*exchange_headers=*/!all_on_shm());
+        if (cross_) cross_->begin(call.name, seq + i, call.timeout, signature, /*exchange_headers=*/false);
         run(steps[i]);
       }
       comm_->end();
@@ -106,6 +149,10 @@ void HostPath::run(const Step& step) {
 Reducer HostPath::timed_reducer(Reducer reduce) { return timed(std::move(reduce), stats_.reduce_ns); }
 
 Producer HostPath::timed_producer(Producer produce) { return timed(std::move(produce), stats_.cast_ns); }
+
+ShmSum HostPath::timed_reducer(ShmSum sum) { return timed(std::move(sum), stats_.reduce_ns); }
+
+ShmProduce HostPath::timed_producer(ShmProduce produce) { return timed(std::move(produce), stats_.cast_ns); }
 
 c10::intrusive_ptr<c10d::Work> HostPath::submit_p2p(c10d::OpType type, at::Tensor tensor, int peer, int tag,
                                                     bool is_send) {

@@ -32,6 +32,10 @@ class HostPath final : public c10d::Backend {
   const std::string getBackendName() const override { return "cnccl-host"; }
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   uint64_t transport_bytes_sent() const;
+  // "shm" when the group's reductions, allgathers and broadcasts go through shared memory;
+  // "shm within each host, ucx across N hosts" when its allreduces are hierarchical; else
+  // "ucx (<why not shm>)".
+  std::string transport() const;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -92,6 +96,8 @@ class HostPath final : public c10d::Backend {
     size_t workspace_bytes = 0;
     size_t staging_bytes = 0;
     std::function<void(const Buffers&)> pre, algorithm, post;
+    // The algorithm goes through shared memory, whose first step agrees on the signature.
+    bool on_shm = false;
   };
 
   // The funnel: records `call`'s traffic and queues its steps, one per signature.
@@ -102,6 +108,8 @@ class HostPath final : public c10d::Backend {
   // An algorithm's reducer, timed into reduce_ns; its producer, into cast_ns.
   Reducer timed_reducer(Reducer reduce);
   Producer timed_producer(Producer produce);
+  ShmSum timed_reducer(ShmSum sum);
+  ShmProduce timed_producer(ShmProduce produce);
   // The steps of the reductions, shared by their list, tensor and coalesced forms.
   Step allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
@@ -109,12 +117,18 @@ class HostPath final : public c10d::Backend {
   Step allgather_step(const at::Tensor& input, const std::vector<at::Tensor>& outputs, char* out = nullptr);
 
   Group group() const { return {config_, rank_, size_, timeout_}; }
+  SharedMemory shared_memory() const;
+  // Shared memory among every rank of the group: all its collectives but point-to-point use it.
+  bool all_on_shm() const { return shared_memory() == SharedMemory::kOneHost; }
 
   const Config config_;
   const std::chrono::milliseconds timeout_;
   Stats& stats_;
   std::atomic<uint64_t> seq_{0};
   std::unique_ptr<Comm> comm_;
+  std::unique_ptr<ShmComm> shm_;  // this host's ranks; null when they cannot share memory, or CNCCL_SHM=off
+  std::unique_ptr<Comm> cross_;   // with shm_ on several hosts: the ranks of this one's local rank, one per host
+  std::string no_shm_because_;
   std::string broken_;  // executor thread only: the first failure, after which the group is unusable
   std::unique_ptr<Executor> executor_;
 };

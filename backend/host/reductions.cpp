@@ -4,6 +4,7 @@
 
 #include "backend/host/comm.h"
 #include "backend/host/host_path.h"
+#include "backend/host/shm_comm.h"
 #include "backend/host/staging.h"
 
 namespace cnccl::host {
@@ -12,19 +13,32 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
   const size_t n = tensor.numel();
   const size_t elem = plan.compress ? 2 : tensor.element_size();
   const at::ScalarType dtype = tensor.scalar_type();
-  const bool ring = choose_allreduce(int64_t(n * elem)) == AllreduceAlgorithm::kRing;
+  const AllreduceAlgorithm algorithm = choose_allreduce(int64_t(n * elem), shared_memory());
+  const bool ring = algorithm == AllreduceAlgorithm::kRing;
   const bool fused = ring && FusedCast::applies(plan, dtype);
   auto src = std::make_shared<at::Tensor>();  // the tensor as one block, from pre on
   Step step;
   step.workspace_bytes = n * elem;
+  const bool through_shm = algorithm == AllreduceAlgorithm::kShm || algorithm == AllreduceAlgorithm::kHierarchical;
+  step.on_shm = algorithm == AllreduceAlgorithm::kShm;
   step.pre = [=](const Buffers& b) {
     *src = tensor.contiguous();
-    if (fused) return;  // cast as the ring reduces (FusedCast)
+    if (fused || through_shm) return;  // cast as the ring reduces (FusedCast), or as shared memory takes it
     if (plan.compress) return cast_into(*src, reinterpret_cast<uint16_t*>(b.workspace), plan);
     pack(*src, b.workspace);
     pre_scale(b.workspace, n, dtype, plan);
   };
   step.algorithm = [=, this](const Buffers& b) {
+    if (through_shm) {
+      const char* x = static_cast<const char*>(src->const_data_ptr());
+      const size_t wide = src->element_size();
+      ShmReduction local{Parts::even(n, shm_->size()), elem,
+                         timed_producer(shm_producer([=](size_t i) { return x + i * wide; }, plan, dtype)),
+                         timed_reducer(shm_sum(plan, dtype, shm_->size())), b.workspace, ShmReduction::kAll};
+      if (algorithm == AllreduceAlgorithm::kShm) return reduce_shm(*shm_, local);
+      comm_->end();  // the group's signature agreement, before any data moves
+      return allreduce_hierarchical(*shm_, *cross_, local, timed_reducer(reducer(plan, dtype)));
+    }
     if (!ring) return allreduce_direct(*comm_, b.workspace, n, elem, timed_reducer(reducer(plan, dtype)));
     if (!fused) return allreduce_ring(*comm_, b.workspace, n, elem, timed_reducer(reducer(plan, dtype)));
     const float* x = src->const_data_ptr<float>();
@@ -46,14 +60,16 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
   const size_t each = output.numel();
   const size_t elem = plan.compress ? 2 : output.element_size();
   const at::ScalarType dtype = output.scalar_type();
-  const bool fused = FusedCast::applies(plan, dtype);
+  const bool on_shm = all_on_shm();
+  const bool fused = !on_shm && FusedCast::applies(plan, dtype);
   const int size = size_;
   auto srcs = std::make_shared<std::vector<at::Tensor>>();  // the inputs as blocks, from pre on
   Step step;
   step.workspace_bytes = each * elem * size;
+  step.on_shm = on_shm;
   step.pre = [=](const Buffers& b) {
     for (const auto& in : inputs) srcs->push_back(in.contiguous());
-    if (fused) return;  // cast as the ring reduces (FusedCast)
+    if (fused || on_shm) return;  // cast as the ring reduces (FusedCast), or as shared memory takes it
     for (int i = 0; i < size; ++i) {
       char* part = b.workspace + each * elem * i;
       if (plan.compress) {
@@ -66,8 +82,16 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
   };
   step.algorithm = [=, this](const Buffers& b) {
     // Nothing to move (every rank agreed on the count through the signature header).
-    if (each == 0) return;
+    if (each == 0 && !on_shm) return;
     const Parts parts = Parts::equal(each, size);
+    if (on_shm) {
+      std::vector<const char*> x;
+      for (const auto& in : *srcs) x.push_back(static_cast<const char*>(in.const_data_ptr()));
+      const size_t wide = output.element_size();
+      auto source = [x, each, wide](size_t i) { return x[i / each] + i % each * wide; };
+      return reduce_shm(*shm_, {parts, elem, timed_producer(shm_producer(source, plan, dtype)),
+                                timed_reducer(shm_sum(plan, dtype, size)), b.workspace, ShmReduction::kOwn});
+    }
     if (!fused) return reduce_scatter_ring(*comm_, b.workspace, parts, elem, timed_reducer(reducer(plan, dtype)));
     std::vector<const float*> x;
     for (const auto& in : *srcs) x.push_back(in.const_data_ptr<float>());
@@ -134,17 +158,34 @@ c10::intrusive_ptr<c10d::Work> HostPath::reduce(std::vector<at::Tensor>& tensors
   const Plan plan = call.plans[0];
   const int root = int(opts.rootRank);
   const bool is_root = rank_ == root;
+  const bool on_shm = all_on_shm();
+  auto src = std::make_shared<at::Tensor>();  // the tensor as one block, from pre on (shared memory)
   Step step;
   step.workspace_bytes = t.nbytes();
+  step.on_shm = on_shm;
   step.pre = [=](const Buffers& b) {
+    if (on_shm) {
+      *src = t.contiguous();
+      return;
+    }
     pack(t, b.workspace);
     pre_scale(b.workspace, t.numel(), t.scalar_type(), plan);
   };
   step.algorithm = [=, this](const Buffers& b) {
+    if (on_shm) {
+      const char* x = static_cast<const char*>(src->const_data_ptr());
+      const size_t elem = t.element_size();
+      auto source = [x, elem](size_t i) { return x + i * elem; };
+      return reduce_shm(*shm_, {Parts::even(t.numel(), size_), elem,
+                                timed_producer(shm_producer(source, plan, t.scalar_type())),
+                                timed_reducer(shm_sum(plan, t.scalar_type(), size_)), b.workspace,
+                                ShmReduction::kRoot, root});
+    }
     reduce_direct(*comm_, b.workspace, t.numel(), t.element_size(), root,
                   timed_reducer(reducer(plan, t.scalar_type())));
   };
   step.post = [=](const Buffers& b) {
+    src->reset();
     if (!is_root) return;
     post_scale(b.workspace, t.numel(), t.scalar_type(), plan);
     unpack(b.workspace, t);

@@ -66,6 +66,36 @@ Reducer reducer(const Plan& plan, at::ScalarType dtype) {
   };
 }
 
+ShmProduce shm_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype) {
+  if (!plan.compress) {
+    const size_t elem = at::elementSize(dtype);
+    return [source, plan, dtype, elem](size_t offset, size_t count, char* dst) {
+      copy_bytes(dst, source(offset), count * elem);
+      pre_scale(dst, int64_t(count), dtype, plan);
+    };
+  }
+  return [source, plan, dtype](size_t offset, size_t count, char* dst) {
+    auto* wire = reinterpret_cast<uint16_t*>(dst);
+    const float scale = float(plan.pre_scale);
+    if (dtype == at::kDouble) return compress::cast(reinterpret_cast<const double*>(source(offset)), wire, count, scale, plan.wire);
+    compress::cast(reinterpret_cast<const float*>(source(offset)), wire, count, scale, plan.wire);
+  };
+}
+
+ShmSum shm_sum(const Plan& plan, at::ScalarType dtype, int size) {
+  if (plan.compress && plan.inner_op == RedOp::SUM) {
+    return [wire = plan.wire, size](const char* const* inputs, char* dst, size_t count) {
+      compress::sum(reinterpret_cast<const uint16_t* const*>(inputs), size_t(size), reinterpret_cast<uint16_t*>(dst),
+                    count, wire);
+    };
+  }
+  const size_t elem = plan.compress ? 2 : at::elementSize(dtype);
+  return [reduce = reducer(plan, dtype), elem, size](const char* const* inputs, char* dst, size_t count) {
+    copy_bytes(dst, inputs[0], count * elem);
+    for (int q = 1; q < size; ++q) reduce(dst, inputs[q], count);
+  };
+}
+
 bool FusedCast::applies(const Plan& plan, at::ScalarType dtype) {
   return plan.compress && plan.inner_op == RedOp::SUM && dtype == at::kFloat;
 }

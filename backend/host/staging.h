@@ -31,6 +31,13 @@ void post_scale(char* data, int64_t numel, at::ScalarType dtype, const Plan& pla
 // The plan's reduction on buffers of `dtype`, or on the 16-bit wire when it compresses.
 Reducer reducer(const Plan& plan, at::ScalarType dtype);
 
+// A shared-memory reduction's contribution (ShmReduction::produce): element i comes from source(i)
+// (contiguous within one call), cast with the pre-scale, or copied and scaled uncompressed.
+ShmProduce shm_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype);
+// Its reduction of `size` contributions in rank order: a compressed SUM adds in fp32 and rounds
+// once (compress::sum); anything else folds the plan's reducer over them.
+ShmSum shm_sum(const Plan& plan, at::ScalarType dtype, int size);
+
 // The cast folded into a ring's reductions (a compressed fp32 SUM): the wire element at index i
 // comes from source(i). The producer casts the part the ring sends first; the reducer casts
 // every other part as it adds the neighbour's partial sum to it, saving a pass over memory.

@@ -232,6 +232,39 @@ TEST_P(Codec, AddRoundsOnceLikeTorch) {
   }
 }
 
+TEST_P(Codec, SumAddsInFp32InOrderAndRoundsOnce) {
+  std::mt19937 rng(4);
+  for (Wire w : {Wire::kFp16, Wire::kBf16}) {
+    for (size_t k : {size_t(1), size_t(2), size_t(3), size_t(5)}) {
+      for (size_t n : {size_t(0), size_t(1), size_t(15), size_t(17), size_t(1) << 18 | 3}) {
+        std::vector<std::vector<uint16_t>> in(k, std::vector<uint16_t>(n));
+        std::vector<const uint16_t*> ptrs;
+        for (auto& v : in) {
+          for (auto& x : v) x = static_cast<uint16_t>(rng());
+          ptrs.push_back(v.data());
+        }
+        std::vector<uint16_t> out(n);
+        sum(ptrs.data(), k, out.data(), n, w);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; ++i) {
+          float acc = oracle_widen(in[0][i], w);
+          for (size_t j = 1; j < k; ++j) acc += oracle_widen(in[j][i], w);
+          const uint16_t want = oracle_narrow(acc, w);
+          bad += is_nan16(want, w) ? !is_nan16(out[i], w) : out[i] != want;
+        }
+        EXPECT_EQ(bad, 0u) << wire_name(w) << " k=" << k << " n=" << n;
+        if (k == 2) {  // two inputs: the same bits as add(), one rounding either way (NaN stays NaN)
+          std::vector<uint16_t> acc = in[0];
+          add(acc.data(), in[1].data(), n, w);
+          size_t differ = 0;
+          for (size_t i = 0; i < n; ++i) differ += is_nan16(acc[i], w) ? !is_nan16(out[i], w) : acc[i] != out[i];
+          EXPECT_EQ(differ, 0u) << wire_name(w) << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
 TEST_P(Codec, CastAddEqualsCastThenAdd) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> uniform(-70000.0f, 70000.0f);

@@ -112,9 +112,16 @@ TEST(Policy, TrafficIsTwoBytesAnElementWhenCompressed) {
 }
 
 TEST(Policy, DirectAllreduceUpToItsThresholdThenRing) {
-  EXPECT_EQ(choose_allreduce(0), AllreduceAlgorithm::kDirect);
-  EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes), AllreduceAlgorithm::kDirect);
-  EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes + 1), AllreduceAlgorithm::kRing);
+  EXPECT_EQ(choose_allreduce(0, SharedMemory::kNone), AllreduceAlgorithm::kDirect);
+  EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes, SharedMemory::kNone), AllreduceAlgorithm::kDirect);
+  EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes + 1, SharedMemory::kNone), AllreduceAlgorithm::kRing);
+}
+
+TEST(Policy, SharedMemoryTakesEverySize) {
+  for (int64_t bytes : {int64_t{0}, kDirectAllreduceMaxBytes + 1}) {
+    EXPECT_EQ(choose_allreduce(bytes, SharedMemory::kOneHost), AllreduceAlgorithm::kShm);
+    EXPECT_EQ(choose_allreduce(bytes, SharedMemory::kPerHost), AllreduceAlgorithm::kHierarchical);
+  }
 }
 
 TEST(Policy, Bf16WireNeedsNccl210) {

@@ -19,6 +19,7 @@ What keeps one job's outcome from depending on anything but its cases:
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,16 +83,44 @@ def connect_store():
                          timeout=datetime.timedelta(seconds=300))
 
 
-def launch(script_args, world_size, env, out):
+# Started inside a host's IPC namespace: starts that host's ranks (argv[1]: JSON list of
+# [argv, env]) and exits with the first nonzero exit code among them, or 0.
+_HOST_LAUNCHER = (
+    "import json, subprocess, sys\n"
+    "ps = [subprocess.Popen(a, env=e) for a, e in json.loads(sys.argv[1])]\n"
+    "codes = [p.wait() for p in ps]\n"
+    "sys.exit(next((c for c in codes if c), 0))\n"
+)
+
+
+def separate_hosts_unavailable():
+    """Why ranks cannot be put in IPC namespaces of their own here, or None."""
+    if shutil.which("unshare") is None:
+        return "the `unshare` command (util-linux) is not installed"
+    probe = subprocess.run(["unshare", "--ipc", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"`unshare --ipc` failed (needs root or CAP_SYS_ADMIN): {probe.stderr.strip()}"
+    return None
+
+
+def launch(script_args, world_size, env, out, hosts=1):
     """Starts the ranks of `python script_args...` against a store this process holds; returns
-    (store, processes). Keep the store alive until the ranks have exited."""
+    (store, processes). Keep the store alive until the ranks have exited. With `hosts` > 1 the ranks
+    are split into that many blocks of consecutive ranks, each started in an IPC namespace of its
+    own (`unshare --ipc`), as on separate machines; the processes are then one per block."""
     store = store_server(world_size)
-    procs = []
-    for rank in range(world_size):
-        e = clean_env(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+    here = os.path.dirname(os.path.abspath(__file__))
+    argv = [sys.executable, *script_args]
+    envs = [clean_env(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(store.port), CNCCL_TEST_OUT=out, OMP_NUM_THREADS="1", **(env or {}))
-        procs.append(subprocess.Popen([sys.executable, *script_args], env=e,
-                                      cwd=os.path.dirname(os.path.abspath(__file__))))
+            for rank in range(world_size)]
+    if hosts == 1:
+        return store, [subprocess.Popen(argv, env=e, cwd=here) for e in envs]
+    per_host = world_size // hosts
+    procs = []
+    for h in range(hosts):
+        ranks = json.dumps([[argv, envs[r]] for r in range(h * per_host, (h + 1) * per_host)])
+        procs.append(subprocess.Popen(["unshare", "--ipc", sys.executable, "-c", _HOST_LAUNCHER, ranks], cwd=here))
     return store, procs
 
 
@@ -109,8 +138,8 @@ _JOBS = {}
 
 
 def cached_job(module, world_size, **kwargs):
-    """run_job once per (module, world_size, env); later calls return its results or raise its error."""
-    key = (module, world_size, tuple(sorted((kwargs.get("env") or {}).items())))
+    """run_job once per (module, world_size, env, hosts); later calls return its results or raise its error."""
+    key = (module, world_size, tuple(sorted((kwargs.get("env") or {}).items())), kwargs.get("hosts", 1))
     if key not in _JOBS:
         try:
             _JOBS[key] = (run_job(module, world_size, **kwargs), None)
@@ -122,10 +151,11 @@ def cached_job(module, world_size, **kwargs):
     return results
 
 
-def run_job(module, world_size, timeout=900, env=None):
-    """Starts `world_size` ranks of `python -m harness module` and returns the merged results."""
+def run_job(module, world_size, timeout=900, env=None, hosts=1):
+    """Starts `world_size` ranks of `python -m harness module` (on `hosts` simulated hosts, as
+    `launch`) and returns the merged results."""
     out = tempfile.mkdtemp(prefix="cnccl-test-")
-    store, procs = launch([os.path.abspath(__file__), module], world_size, env, out)
+    store, procs = launch([os.path.abspath(__file__), module], world_size, env, out, hosts)
     codes = wait_all(procs, timeout)
     del store
     results = {}
@@ -142,13 +172,17 @@ def run_job(module, world_size, timeout=900, env=None):
     return results
 
 
-# What runs CPU tensors' collectives: cnccl's host path over UCX, or the composed path over torch's
-# gloo. The collective, parity and reliability suites run each of their jobs on both.
-CPU_ENGINES = ["ucx", "gloo"]
+# What carries CPU tensors' collectives: cnccl's host path through shared memory (every rank on
+# this host; forced on, so a failed setup fails the job instead of falling back), the host path
+# over UCX alone, or the composed path over torch's gloo. The collective, compression, parity,
+# reliability and observability suites run each of their jobs on all three.
+CPU_ENGINES = ["shm", "ucx", "gloo"]
 
 
 def engine_env(engine):
-    return {"CNCCL_CPU_ENGINE": engine}
+    return {"shm": {"CNCCL_CPU_ENGINE": "ucx", "CNCCL_SHM": "on"},
+            "ucx": {"CNCCL_CPU_ENGINE": "ucx", "CNCCL_SHM": "off"},
+            "gloo": {"CNCCL_CPU_ENGINE": "gloo"}}[engine]
 
 
 def check_case(results, name, world_size, cases):

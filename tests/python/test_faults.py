@@ -1,5 +1,8 @@
-"""A peer killed with SIGKILL in the middle of a stream of collectives: every survivor gets a
-DistBackendError within the group's timeout, and destroy_process_group() returns afterwards."""
+"""A peer killed with SIGKILL in the middle of a stream of collectives, through shared memory and
+over UCX alone: every survivor gets a DistBackendError within the group's timeout, the tensor of
+the collective that failed is as it was, destroy_process_group() returns afterwards, and no
+shared-memory segment outlives the job (memfd mappings in any process, files in /dev/shm, SysV
+segments the job's processes created)."""
 
 import json
 import os
@@ -8,19 +11,42 @@ import tempfile
 
 import pytest
 
-from harness import launch, wait_all
+from harness import engine_env, launch, wait_all
 
 TIMEOUT = 5.0  # the group's timeout, seconds
 
 
-@pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 2), (3, 0)])
-def test_sigkilled_peer(world_size, victim):
+def memfd_mappings():
+    """(pid, line) of every mapping of a cnccl memfd segment in any process."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                found += [(pid, line.strip()) for line in f if "memfd:cnccl" in line]
+        except OSError:
+            pass
+    return found
+
+
+def sysv_segments_created_by(pids):
+    with open("/proc/sysvipc/shm") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return [row for row in rows if int(row[4]) in pids]  # columns: key shmid perms size cpid ...
+
+
+@pytest.mark.parametrize("engine", ["shm", "ucx"])
+@pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 2), (3, 0), (4, 1)])
+def test_sigkilled_peer(world_size, victim, engine):
     out = tempfile.mkdtemp(prefix="cnccl-faults-")
     here = os.path.dirname(os.path.abspath(__file__))
-    store, procs = launch([os.path.join(here, "fault_worker.py"), str(victim), "20", str(TIMEOUT)], world_size, {},
-                          out)
+    dev_shm_before = set(os.listdir("/dev/shm"))
+    store, procs = launch([os.path.join(here, "fault_worker.py"), str(victim), "20", str(TIMEOUT)], world_size,
+                          engine_env(engine), out)
     codes = wait_all(procs, 120)
     del store
+    assert memfd_mappings() == [], "a shared-memory segment outlived the job"
+    assert set(os.listdir("/dev/shm")) - dev_shm_before == set(), "files left in /dev/shm"
+    assert sysv_segments_created_by({p.pid for p in procs}) == [], "SysV segments left behind"
     assert codes[victim] == -9, f"the victim should have died of SIGKILL, exit codes {codes}"
     for rank in range(world_size):
         if rank == victim:

@@ -10,11 +10,12 @@ import os
 import random
 import sys
 
+import pytest
 import torch
 import torch.distributed as dist
 
 import cnccl
-from harness import Cases, gloo_group, run_job
+from harness import Cases, engine_env, gloo_group, run_job
 
 case = Cases()
 
@@ -92,9 +93,10 @@ def ten_thousand_mixed_async_collectives(ctx):
     assert fds <= baseline[2], f"file descriptors grew from {baseline[2]} to {fds}"
 
 
-def test_ten_thousand_mixed_async_collectives():
+@pytest.mark.parametrize("engine", ["shm", "ucx"])
+def test_ten_thousand_mixed_async_collectives(engine):
     # A fixed mmap threshold: glibc otherwise raises it after large frees and keeps later tensors
     # in its heap, growing the resident size by itself; the test measures cnccl's growth.
-    env = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+    env = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), **engine_env(engine)}
     failure = run_job(__name__, 2, timeout=900, env=env).get("ten_thousand_mixed_async_collectives", "case did not run")
     assert failure is None, failure

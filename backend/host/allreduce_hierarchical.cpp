@@ -1,0 +1,23 @@
+// Hierarchical allreduce (docs/design.md, "Shared memory"): only each rank's part crosses hosts.
+#include "backend/host/algorithms.h"
+#include "backend/host/shm_comm.h"
+#include "backend/policy.h"
+
+namespace cnccl::host {
+
+void allreduce_hierarchical(ShmComm& shm, Comm& across, const ShmReduction& local, const Reducer& reduce) {
+  ShmReduction scatter = local;
+  scatter.deliver = ShmReduction::kOwn;
+  reduce_shm(shm, scatter);
+  char* mine = local.out + local.parts.offset[shm.rank()] * local.elem;
+  const size_t count = local.parts.length[shm.rank()];
+  if (choose_allreduce(int64_t(count * local.elem), SharedMemory::kNone) == AllreduceAlgorithm::kRing) {
+    allreduce_ring(across, mine, count, local.elem, reduce);
+  } else {
+    allreduce_direct(across, mine, count, local.elem, reduce);
+  }
+  across.end();
+  allgather_shm(shm, local.out, local.parts, local.elem);
+}
+
+}  // namespace cnccl::host

@@ -1,0 +1,335 @@
+#include "backend/host/shm_comm.h"
+
+#include <c10/util/Exception.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace cnccl::host {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kMagic = 0x636e63636c73686dull;  // "cnccl shm"
+constexpr size_t kSignatureBytes = 256;
+// How long a waiter spins before it sleeps. A futex wake-up on an idle core of this kind of VM
+// takes 100 us or more, and a peer is often that far behind (its own executor thread waking): 4K
+// allreduces at 2 ranks took 110-140 us with 30 us of spinning and 30-45 us with 200 (bench/
+// allreduce.py); with --busy 2 the two were within the run-to-run noise.
+constexpr std::chrono::microseconds kSpin{200};
+// The longest a sleeping waiter goes without looking at its deadline, abort flag and peer.
+constexpr auto kMaxSleep = std::chrono::milliseconds(1);
+
+struct alignas(64) Line {
+  std::atomic<uint64_t> value{0};
+};
+
+void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+uint32_t* futex_word(const std::atomic<uint64_t>& counter) {
+  // The low half of the little-endian counter changes on every increment.
+  return reinterpret_cast<uint32_t*>(const_cast<std::atomic<uint64_t>*>(&counter));
+}
+
+void futex_wait(const std::atomic<uint64_t>& counter, uint32_t seen, std::chrono::nanoseconds limit) {
+  timespec ts{0, long(limit.count())};
+  ::syscall(SYS_futex, futex_word(counter), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void futex_wake(const std::atomic<uint64_t>& counter) {
+  ::syscall(SYS_futex, futex_word(counter), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+std::string key(const char* what, int rank) { return std::string("cnccl/shm/") + what + "/" + std::to_string(rank); }
+
+void set(c10d::Store& store, const std::string& k, const std::string& v) {
+  store.set(k, std::vector<uint8_t>(v.begin(), v.end()));
+}
+
+std::string get(c10d::Store& store, const std::string& k) {
+  const std::vector<uint8_t> v = store.get(k);
+  return std::string(v.begin(), v.end());
+}
+
+}  // namespace
+
+struct ShmComm::Control {
+  uint64_t magic;
+  uint64_t token;  // proves a peer mapped this very segment
+  Line counters[kCounters];
+  Line sleeping;  // nonzero while this rank may sleep on a peer's counter
+  struct Header {
+    uint64_t step;
+    char text[kSignatureBytes];
+  } headers[kDepth];
+};
+
+namespace {
+constexpr size_t kControlBytes = 4096;
+constexpr size_t kSegmentBytes = kControlBytes + ShmComm::kDepth * 2 * ShmComm::kSlotBytes;
+}  // namespace
+
+namespace {
+
+// What a rank publishes in the store for the others to decide with.
+struct Announcement {
+  bool ok = false;
+  std::string identity, reason;
+  int pid = -1, fd = -1;
+  uint64_t token = 0;
+};
+
+std::string encode(const Announcement& a) {
+  std::ostringstream out;
+  out << (a.ok ? "ok" : "no") << "\n" << a.identity << "\n" << a.pid << " " << a.fd << " " << a.token << "\n" << a.reason;
+  return out.str();
+}
+
+Announcement decode(const std::string& text) {
+  std::istringstream in(text);
+  Announcement a;
+  std::string state;
+  std::getline(in, state);
+  a.ok = state == "ok";
+  std::getline(in, a.identity);
+  in >> a.pid >> a.fd >> a.token;
+  in.ignore();
+  std::getline(in, a.reason);
+  return a;
+}
+
+}  // namespace
+
+std::unique_ptr<ShmComm> ShmComm::connect(c10d::Store& store, int rank, int size, std::string group_name,
+                                          bool enabled, std::string* why) {
+  static_assert(sizeof(Control) <= kControlBytes);
+  // Every rank takes part in every round, even with shared memory off, so that all agree.
+  Segment own;
+  Announcement mine;
+  mine.identity = host_identity();
+  mine.pid = ::getpid();
+  mine.token = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
+  mine.reason = enabled ? "" : "off on rank " + std::to_string(rank) + " (CNCCL_SHM / Options.shm)";
+  if (enabled) {
+    try {
+      own = Segment::create(kSegmentBytes);
+      auto* control = new (own.data()) Control{};
+      control->magic = kMagic;
+      control->token = mine.token;
+      mine.fd = own.fd();
+      mine.ok = true;
+    } catch (const std::exception& e) {
+      mine.reason = "rank " + std::to_string(rank) + ": " + e.what();
+    }
+  }
+  set(store, key("rank", rank), encode(mine));
+
+  std::vector<Announcement> all(size);
+  std::string trouble;
+  for (int r = 0; r < size; ++r) {
+    all[r] = r == rank ? mine : decode(get(store, key("rank", r)));
+    if (!all[r].ok && trouble.empty()) trouble = all[r].reason;
+  }
+  // Hosts in the order of their lowest rank, each with its ranks in order.
+  std::vector<std::vector<int>> hosts;
+  std::map<std::string, size_t> host_of;
+  for (int r = 0; r < size; ++r) {
+    const auto [it, added] = host_of.emplace(all[r].identity, hosts.size());
+    if (added) hosts.emplace_back();
+    hosts[it->second].push_back(r);
+  }
+  const int host = int(host_of[mine.identity]);
+  const std::vector<int>& local = hosts[host];
+  if (trouble.empty() && hosts.size() > 1) {
+    for (const auto& h : hosts) {
+      if (h.size() == local.size() && local.size() > 1) continue;
+      trouble = std::to_string(hosts.size()) + " hosts (or sets of namespaces) that do not each hold the same " +
+                "number (> 1) of ranks";
+      break;
+    }
+  }
+  const int local_rank = int(std::find(local.begin(), local.end(), rank) - local.begin());
+  std::vector<Segment> segments(local.size());
+  std::vector<Liveness> peers(local.size());
+  for (size_t i = 0; i < local.size() && trouble.empty(); ++i) {
+    const int peer = local[i];
+    if (peer == rank) continue;
+    try {
+      segments[i] = Segment::open(all[peer].pid, all[peer].fd, kSegmentBytes);
+      const auto* control = reinterpret_cast<const Control*>(segments[i].data());
+      if (control->magic != kMagic || control->token != all[peer].token) {
+        trouble = "rank " + std::to_string(peer) + "'s segment does not hold what it announced";
+      }
+      peers[i] = Liveness(all[peer].pid);
+    } catch (const std::exception& e) {
+      trouble = "rank " + std::to_string(rank) + " cannot map rank " + std::to_string(peer) + "'s segment: " + e.what();
+    }
+  }
+  set(store, key("mapped", rank), trouble.empty() ? "ok" : trouble);
+  for (int r = 0; r < size; ++r) {
+    const std::string state = get(store, key("mapped", r));
+    if (state != "ok" && trouble.empty()) trouble = state;
+  }
+  if (!trouble.empty()) {
+    *why = trouble;
+    return nullptr;
+  }
+  // Every rank has mapped every segment of its host (the round above): the memory now lives only
+  // as long as its mappings, so no exit of any kind leaves it behind.
+  own.close_fd();
+  segments[local_rank] = std::move(own);
+  return std::unique_ptr<ShmComm>(new ShmComm(local_rank, int(local.size()), std::move(group_name), std::move(segments),
+                                              std::move(peers), std::move(hosts), host));
+}
+
+ShmComm::ShmComm(int rank, int size, std::string group_name, std::vector<Segment> segments,
+                 std::vector<Liveness> peers, std::vector<std::vector<int>> hosts, int host)
+    : rank_(rank), size_(size), group_name_(std::move(group_name)), segments_(std::move(segments)),
+      peers_(std::move(peers)), hosts_(std::move(hosts)), host_(host) {
+  // With more ranks than the host has cores a spinning waiter holds the core the rank it waits for
+  // needs. (Not this process's affinity mask: ranks pinned one per core may spin.)
+  const bool oversubscribed = int(std::thread::hardware_concurrency()) < size;
+  spin_ = oversubscribed ? std::chrono::microseconds(0) : kSpin;
+}
+
+ShmComm::~ShmComm() = default;
+
+ShmComm::Control& ShmComm::control(int rank) const {
+  return *reinterpret_cast<Control*>(segments_[rank].data());
+}
+
+char* ShmComm::slot(int rank, uint64_t step) const {
+  return segments_[rank].data() + kControlBytes + (step % kDepth) * 2 * kSlotBytes;
+}
+
+void ShmComm::begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout, const std::string& signature) {
+  op_ = op;
+  seq_ = seq;
+  timeout_ = timeout;
+  deadline_ = Clock::now() + timeout;
+  signature_ = (std::string(op) + "(" + signature + ")").substr(0, kSignatureBytes - 1);
+  signature_pending_ = true;
+  signature_checked_ = false;
+}
+
+void ShmComm::agree() {
+  const uint64_t step = acquire();
+  post(kPosted, step);
+  wait_all(kPosted, step);
+  post(kReleased, step);
+}
+
+uint64_t ShmComm::acquire() {
+  const uint64_t step = ++step_;
+  if (step > kDepth) wait_all(kReleased, step - kDepth);
+  return step;
+}
+
+void ShmComm::post(Counter counter, uint64_t step) {
+  Control& own = control(rank_);
+  if (counter == kPosted && signature_pending_) {
+    auto& header = own.headers[step % kDepth];
+    header.step = step;
+    std::memset(header.text, 0, sizeof header.text);
+    signature_.copy(header.text, sizeof header.text - 1);
+    signature_pending_ = false;
+  }
+  own.counters[counter].value.store(step, std::memory_order_seq_cst);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_ && control(peer).sleeping.value.load(std::memory_order_seq_cst)) {
+      futex_wake(own.counters[counter].value);
+      return;
+    }
+  }
+}
+
+void ShmComm::wait_all(Counter counter, uint64_t step) {
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) wait_one(peer, counter, step);
+  }
+  if (counter == kPosted && !signature_checked_) compare_signatures(step);
+}
+
+void ShmComm::wait_one(int peer, Counter counter, uint64_t step) {
+  const std::atomic<uint64_t>& theirs = control(peer).counters[counter].value;
+  if (theirs.load(std::memory_order_acquire) >= step) return;
+  const auto spin_until = Clock::now() + spin_;
+  while (Clock::now() < spin_until) {
+    for (int i = 0; i < 64; ++i) {
+      cpu_relax();
+      if (theirs.load(std::memory_order_acquire) >= step) return;
+    }
+  }
+  std::atomic<uint64_t>& sleeping = control(rank_).sleeping.value;
+  for (;;) {
+    if (aborted_.load()) {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      fail(abort_reason_, -1);
+    }
+    // Any dead peer, not only the awaited one: the others may be waiting on it too.
+    for (int other = 0; other < size_; ++other) {
+      if (other == rank_ || peers_[other].alive()) continue;
+      fail("rank " + std::to_string(global_rank(other)) + " (pid " + std::to_string(peers_[other].pid()) +
+               ") exited during the collective; no data from it was used",
+           other);
+    }
+    const auto now = Clock::now();
+    if (now >= deadline_) {
+      fail("timed out after " + std::to_string(timeout_.count()) + " ms waiting for rank " +
+               std::to_string(global_rank(peer)) +
+               " (it has not reached this collective, or is stuck in an earlier one)",
+           peer);
+    }
+    sleeping.store(1, std::memory_order_seq_cst);
+    const uint64_t seen = theirs.load(std::memory_order_seq_cst);
+    if (seen < step) futex_wait(theirs, uint32_t(seen), std::min<Clock::duration>(kMaxSleep, deadline_ - now));
+    sleeping.store(0, std::memory_order_relaxed);
+    if (theirs.load(std::memory_order_acquire) >= step) return;
+  }
+}
+
+void ShmComm::compare_signatures(uint64_t step) {
+  signature_checked_ = true;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    const auto& theirs = control(peer).headers[step % kDepth];
+    const std::string text(theirs.text, strnlen(theirs.text, sizeof theirs.text));
+    if (theirs.step == step && text == signature_) continue;
+    fail("ranks disagree on this collective: rank " + std::to_string(global_rank(rank_)) + " called " + signature_ +
+             ", rank " + std::to_string(global_rank(peer)) + " called " +
+             (theirs.step == step ? text : "a different sequence of collectives"),
+         peer);
+  }
+}
+
+void ShmComm::abort(const std::string& why) {
+  std::lock_guard<std::mutex> lock(abort_mutex_);
+  if (aborted_.load()) return;
+  abort_reason_ = why;
+  aborted_.store(true);
+}
+
+void ShmComm::fail(const std::string& what, int peer) const {
+  std::string msg = "cnccl: " + std::string(op_) + " (seq " + std::to_string(seq_) + ", group '" + group_name_ +
+                    "', rank " + std::to_string(global_rank(rank_)) + ", shared memory): " + what;
+  if (peer >= 0) msg += " [peer rank " + std::to_string(global_rank(peer)) + "]";
+  C10_THROW_ERROR(DistBackendError, msg);
+}
+
+}  // namespace cnccl::host

@@ -1,0 +1,105 @@
+// The host path's shared-memory channel among ranks of one host (docs/design.md, "Shared
+// memory"): every rank writes only its own segment and reads the others' through read-only
+// mappings. A segment holds a control block (monotonic step counters, one per cache line, and the
+// signature headers) and kDepth slots, each a contribution area and a result area. Steps are
+// numbered alike on every rank (the collectives are the same, in the same order, or the
+// signatures fail), so slot `step % kDepth` and counter values need no agreement of their own.
+// Owned and used by the group's executor thread; abort() may come from any thread.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/host/shm_segment.h"
+
+namespace cnccl::host {
+
+class ShmComm {
+ public:
+  // Bytes of one slot's contribution area (and of its result area): a few hundred KiB stays in
+  // the caches between the rank that writes it and the ranks that read it.
+  static constexpr size_t kSlotBytes = size_t(512) << 10;
+  static constexpr uint64_t kDepth = 2;
+  enum Counter : int { kPosted, kReduced, kReleased, kCounters };
+
+  // Collective over the group: maps the segments of the ranks on this host (host_identity()).
+  // Returns nullptr, with the reason in `why`, when any rank has shared memory turned off
+  // (`enabled`), when a segment cannot be made or mapped, or when the group spans hosts that do
+  // not each hold the same number (> 1) of its ranks. The channel's ranks are this host's, in
+  // the order of their group ranks.
+  static std::unique_ptr<ShmComm> connect(c10d::Store& store, int rank, int size, std::string group_name, bool enabled,
+                                          std::string* why);
+  ~ShmComm();
+
+  // This rank among the host's ranks, and their number.
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The group's ranks by host (hosts in the order of their lowest rank), and this rank's host.
+  const std::vector<std::vector<int>>& hosts() const { return hosts_; }
+  int host() const { return host_; }
+
+  // Starts a collective. `signature` is what every rank must agree on; the first step's
+  // wait_all(kPosted) compares it with every peer's, before any data is read.
+  void begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout, const std::string& signature);
+  // One step that only agrees on the signature, for a collective whose data goes elsewhere.
+  void agree();
+
+  // The next step: waits until no rank still reads the slot it reuses.
+  uint64_t acquire();
+  char* contribution(int rank, uint64_t step) const { return slot(rank, step); }
+  char* result(int rank, uint64_t step) const { return slot(rank, step) + kSlotBytes; }
+  // Publishes this rank's counter (the first kPosted of a collective also publishes its signature).
+  void post(Counter counter, uint64_t step);
+  // Waits until every other rank's counter reached `step`. Throws DistBackendError (naming the
+  // op, seq, group and peer) when a peer exited, the deadline passed, the signatures differ, or
+  // abort() was called.
+  void wait_all(Counter counter, uint64_t step);
+
+  void abort(const std::string& why);
+
+  // Bytes this rank wrote to its segment for its peers to read: its contributions to their parts
+  // and the results of its own (the shared-memory counterpart of a transport's bytes sent).
+  void count_published(size_t bytes) { published_ += bytes; }
+  uint64_t bytes_published() const { return published_.load(); }
+
+ private:
+  struct Control;
+  ShmComm(int rank, int size, std::string group_name, std::vector<Segment> segments, std::vector<Liveness> peers,
+          std::vector<std::vector<int>> hosts, int host);
+  int global_rank(int local) const { return hosts_[host_][local]; }
+
+  Control& control(int rank) const;
+  char* slot(int rank, uint64_t step) const;
+  void wait_one(int peer, Counter counter, uint64_t step);
+  void compare_signatures(uint64_t step);
+  [[noreturn]] void fail(const std::string& what, int peer) const;
+
+  const int rank_, size_;
+  const std::string group_name_;
+  std::vector<Segment> segments_;  // by rank; this rank's is writable
+  std::vector<Liveness> peers_;    // by rank
+  const std::vector<std::vector<int>> hosts_;
+  const int host_;
+  uint64_t step_ = 0;
+  std::chrono::microseconds spin_;  // how long a waiter spins before it sleeps
+  const char* op_ = "";
+  uint64_t seq_ = 0;
+  std::chrono::steady_clock::time_point deadline_;
+  std::chrono::milliseconds timeout_{0};
+  std::string signature_;
+  bool signature_pending_ = false;  // the collective's first post has not happened yet
+  bool signature_checked_ = true;
+  std::mutex abort_mutex_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<uint64_t> published_{0};
+  std::string abort_reason_;
+};
+
+}  // namespace cnccl::host

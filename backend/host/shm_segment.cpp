@@ -1,0 +1,117 @@
+#include "backend/host/shm_segment.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <utility>
+
+namespace cnccl::host {
+namespace {
+
+std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+std::string link_of(const char* path) {
+  char buf[256];
+  const ssize_t n = ::readlink(path, buf, sizeof buf - 1);
+  return n < 0 ? std::string("?") : std::string(buf, size_t(n));
+}
+
+}  // namespace
+
+std::string host_identity() {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  std::getline(boot, boot_id);
+  return boot_id + " " + link_of("/proc/self/ns/ipc") + " " + link_of("/proc/self/ns/pid") + " " +
+         link_of("/proc/self/ns/mnt") + " uid " + std::to_string(::getuid());
+}
+
+Segment Segment::create(size_t bytes) {
+  Segment s;
+  s.fd_ = ::memfd_create("cnccl", MFD_CLOEXEC);
+  if (s.fd_ < 0) throw std::runtime_error(system_error("memfd_create"));
+  ::fchmod(s.fd_, S_IRUSR | S_IWUSR);
+  if (::ftruncate(s.fd_, off_t(bytes)) != 0) throw std::runtime_error(system_error("ftruncate"));
+  if (const int err = ::posix_fallocate(s.fd_, 0, off_t(bytes)); err != 0) {
+    throw std::runtime_error("reserving " + std::to_string(bytes >> 10) + " KiB of shared memory failed (" +
+                             std::strerror(err) + ")");
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd_, 0);
+  if (p == MAP_FAILED) throw std::runtime_error(system_error("mmap"));
+  s.data_ = static_cast<char*>(p);
+  s.bytes_ = bytes;
+  return s;
+}
+
+Segment Segment::open(int pid, int fd, size_t bytes) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  Segment s;
+  s.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (s.fd_ < 0) throw std::runtime_error(system_error("open " + path));
+  struct stat st {};
+  if (::fstat(s.fd_, &st) != 0 || size_t(st.st_size) != bytes) {
+    throw std::runtime_error(path + " is not the segment announced (size " + std::to_string(st.st_size) + ", not " +
+                             std::to_string(bytes) + ")");
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, s.fd_, 0);
+  if (p == MAP_FAILED) throw std::runtime_error(system_error("mmap " + path));
+  s.data_ = static_cast<char*>(p);
+  s.bytes_ = bytes;
+  s.close_fd();
+  return s;
+}
+
+Segment::Segment(Segment&& other) noexcept { *this = std::move(other); }
+
+Segment& Segment::operator=(Segment&& other) noexcept {
+  std::swap(data_, other.data_);
+  std::swap(bytes_, other.bytes_);
+  std::swap(fd_, other.fd_);
+  return *this;
+}
+
+Segment::~Segment() {
+  if (data_) ::munmap(data_, bytes_);
+  close_fd();
+}
+
+void Segment::close_fd() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+Liveness::Liveness(int pid) : pid_(pid) {
+#ifdef SYS_pidfd_open
+  pidfd_ = int(::syscall(SYS_pidfd_open, pid, 0));
+#endif
+}
+
+Liveness::Liveness(Liveness&& other) noexcept { *this = std::move(other); }
+
+Liveness& Liveness::operator=(Liveness&& other) noexcept {
+  std::swap(pid_, other.pid_);
+  std::swap(pidfd_, other.pidfd_);
+  return *this;
+}
+
+Liveness::~Liveness() {
+  if (pidfd_ >= 0) ::close(pidfd_);
+}
+
+bool Liveness::alive() const {
+  if (pidfd_ < 0) return pid_ < 0 || ::kill(pid_, 0) == 0 || errno == EPERM;
+  // A pidfd becomes readable when its process exits.
+  pollfd p{pidfd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
+}  // namespace cnccl::host

@@ -1,0 +1,62 @@
+// One rank's shared-memory segment and its view of the peers' (docs/design.md, "Shared memory").
+// Segments are memfd files: anonymous, so nothing is ever left in /dev/shm or SysV after any exit,
+// SIGKILL included (the memory goes with the last mapping). A peer maps one read-only by opening
+// /proc/<pid>/fd/<fd>, which the kernel allows only to the same user. Peer death is seen through a
+// pidfd. Linux only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace cnccl::host {
+
+// What ranks must share to map each other's segments: the kernel instance (boot id), the IPC,
+// PID and mount namespaces (the /proc path names a pid of ours), and the user.
+std::string host_identity();
+
+class Segment {
+ public:
+  // Creates a segment of `bytes`, every page reserved now: a full memory limit fails here with
+  // a clear message instead of a SIGBUS at first touch. Throws std::runtime_error.
+  static Segment create(size_t bytes);
+  // Maps another process's segment read-only, by its pid and descriptor. Throws std::runtime_error.
+  static Segment open(int pid, int fd, size_t bytes);
+
+  Segment() = default;
+  Segment(Segment&& other) noexcept;
+  Segment& operator=(Segment&& other) noexcept;
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  ~Segment();
+
+  char* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  int fd() const { return fd_; }
+  // Closes the descriptor once every peer has mapped the segment: from then on the memory lives
+  // exactly as long as its mappings.
+  void close_fd();
+
+ private:
+  char* data_ = nullptr;
+  size_t bytes_ = 0;
+  int fd_ = -1;
+};
+
+// Whether a peer process is still alive, cheaply enough to ask in a wait loop.
+class Liveness {
+ public:
+  Liveness() = default;
+  explicit Liveness(int pid);
+  Liveness(Liveness&& other) noexcept;
+  Liveness& operator=(Liveness&& other) noexcept;
+  ~Liveness();
+  bool alive() const;
+  int pid() const { return pid_; }
+
+ private:
+  int pid_ = -1;
+  int pidfd_ = -1;  // -1 where the kernel has no pidfd_open: kill(pid, 0) instead
+};
+
+}  // namespace cnccl::host

@@ -1,0 +1,283 @@
+// The shared-memory channel, reduction and copies (backend/host/shm_comm.cpp, reduce_shm.cpp,
+// copy_shm.cpp; allreduce_hierarchical.cpp needs two hosts: tests/python/test_shm.py): ranks are
+// threads of one process, each with its own real memfd segment, mapped by the others through
+// /proc/self/fd as separate processes would map them. Oracles are written here: integer sums, and
+// for the 16-bit wire torch's own c10::Half / c10::BFloat16 conversions summed in fp32.
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "backend/host/algorithms.h"
+#include "backend/host/shm_comm.h"
+#include "compress/codec.h"
+#include "values.h"
+
+namespace cnccl::host::testing {
+namespace {
+
+using Body = std::function<void(ShmComm&)>;
+
+// Runs `body` on `size` connected ranks; returns each rank's error ("" when none).
+std::vector<std::string> on_shm_ranks(int size, const Body& body,
+                                      const std::function<std::string(int)>& signature = {}) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::string why;
+        auto shm = ShmComm::connect(*store, r, size, "memory", /*enabled=*/true, &why);
+        if (!shm) throw std::runtime_error("no shared memory: " + why);
+        shm->begin("test", 0, std::chrono::seconds(30), signature ? signature(r) : "same");
+        body(*shm);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+void expect_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+// Counts that exercise the one-shot form, zero-length parts, uneven parts and many chunks.
+const std::vector<size_t> kCounts{0, 1, 7, 1000, 1001, 40000, (size_t(1) << 19) + 3};
+
+ShmReduction int32_sum(const std::vector<int32_t>& mine, int32_t* out, size_t count, int size,
+                       ShmReduction::Deliver deliver, int root = 0) {
+  return {Parts::even(count, size), 4,
+          [&mine](size_t offset, size_t n, char* dst) { std::memcpy(dst, mine.data() + offset, n * 4); },
+          [size](const char* const* in, char* dst, size_t n) {
+            std::memcpy(dst, in[0], n * 4);
+            for (int q = 1; q < size; ++q) add_int32(dst, in[q], n);
+          },
+          reinterpret_cast<char*>(out), deliver, root};
+}
+
+TEST(Shm, AllreduceSumsEverywhere) {
+  for (int size : {1, 2, 3, 4, 5}) {
+    for (size_t count : kCounts) {
+      std::vector<std::vector<int32_t>> out(size, std::vector<int32_t>(count, 12345));
+      expect_no_errors(on_shm_ranks(size, [&](ShmComm& shm) {
+        const auto mine = contribution(shm.rank(), count);
+        reduce_shm(shm, int32_sum(mine, out[shm.rank()].data(), count, size, ShmReduction::kAll));
+      }));
+      for (int r = 0; r < size; ++r) {
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(out[r][i], sum_over_ranks(size, i)) << "size " << size << " count " << count << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(Shm, ReduceScatterDeliversEachRankItsOwnPartOnly) {
+  for (int size : {2, 3, 5}) {
+    for (size_t count : kCounts) {
+      const Parts parts = Parts::even(count, size);
+      std::vector<std::vector<int32_t>> out(size, std::vector<int32_t>(count, 12345));
+      expect_no_errors(on_shm_ranks(size, [&](ShmComm& shm) {
+        const auto mine = contribution(shm.rank(), count);
+        reduce_shm(shm, int32_sum(mine, out[shm.rank()].data(), count, size, ShmReduction::kOwn));
+      }));
+      for (int r = 0; r < size; ++r) {
+        for (size_t i = 0; i < count; ++i) {
+          const bool own = i >= parts.offset[r] && i < parts.offset[r] + parts.length[r];
+          ASSERT_EQ(out[r][i], own ? sum_over_ranks(size, i) : 12345) << "size " << size << " rank " << r << " i " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(Shm, ReduceDeliversToTheRootOnly) {
+  const int size = 3, root = 1;
+  for (size_t count : kCounts) {
+    std::vector<std::vector<int32_t>> out(size, std::vector<int32_t>(count, 12345));
+    expect_no_errors(on_shm_ranks(size, [&](ShmComm& shm) {
+      const auto mine = contribution(shm.rank(), count);
+      reduce_shm(shm, int32_sum(mine, out[shm.rank()].data(), count, size, ShmReduction::kRoot, root));
+    }));
+    for (int r = 0; r < size; ++r) {
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[r][i], r == root ? sum_over_ranks(size, i) : 12345);
+    }
+  }
+}
+
+template <typename Sixteen>
+void check_wire_sum_is_fp32_in_rank_order_rounded_once(compress::Wire wire) {
+  for (int size : {2, 3, 4}) {
+    for (size_t count : {size_t(9), size_t(300001)}) {
+      // Large values of both signs beside small ones: fp32 sums of these depend on the order of
+      // the adds, so only rank order gives the oracle's bits.
+      auto value = [](int rank, size_t i) {
+        static const float kTable[4] = {30000.0f, 3e-3f, -30000.0f, 0.75f};
+        return kTable[(i + size_t(rank)) % 4] * (1.0f + float(i % 5) * 0.01f);
+      };
+      std::vector<std::vector<uint16_t>> out(size, std::vector<uint16_t>(count));
+      expect_no_errors(on_shm_ranks(size, [&](ShmComm& shm) {
+        std::vector<float> mine(count);
+        for (size_t i = 0; i < count; ++i) mine[i] = value(shm.rank(), i);
+        ShmReduction r{Parts::even(count, size), 2,
+                       [&](size_t offset, size_t n, char* dst) {
+                         compress::cast(mine.data() + offset, reinterpret_cast<uint16_t*>(dst), n, 1.0f, wire);
+                       },
+                       [&](const char* const* in, char* dst, size_t n) {
+                         compress::sum(reinterpret_cast<const uint16_t* const*>(in), size, reinterpret_cast<uint16_t*>(dst), n, wire);
+                       },
+                       reinterpret_cast<char*>(out[shm.rank()].data()), ShmReduction::kAll};
+        reduce_shm(shm, r);
+      }));
+      for (size_t i = 0; i < count; ++i) {
+        float acc = float(Sixteen(value(0, i)));
+        for (int q = 1; q < size; ++q) acc += float(Sixteen(value(q, i)));
+        const Sixteen want(acc);
+        for (int r = 0; r < size; ++r) ASSERT_EQ(out[r][i], want.x) << "size " << size << " i " << i << " rank " << r;
+      }
+    }
+  }
+}
+
+TEST(Shm, Fp16WireSumsInFp32InRankOrderAndRoundsOnce) {
+  check_wire_sum_is_fp32_in_rank_order_rounded_once<c10::Half>(compress::Wire::kFp16);
+}
+
+TEST(Shm, Bf16WireSumsInFp32InRankOrderAndRoundsOnce) {
+  check_wire_sum_is_fp32_in_rank_order_rounded_once<c10::BFloat16>(compress::Wire::kBf16);
+}
+
+TEST(Shm, AllgatherFillsEveryPartEverywhere) {
+  for (int size : {1, 2, 3, 5}) {
+    for (size_t count : kCounts) {
+      const Parts parts = Parts::even(count, size);
+      std::vector<std::vector<int32_t>> data(size, std::vector<int32_t>(count, -1));
+      expect_no_errors(on_shm_ranks(size, [&](ShmComm& shm) {
+        auto& mine = data[shm.rank()];
+        for (size_t i = parts.offset[shm.rank()]; i < parts.offset[shm.rank()] + parts.length[shm.rank()]; ++i) {
+          mine[i] = value(shm.rank(), i);
+        }
+        allgather_shm(shm, reinterpret_cast<char*>(mine.data()), parts, 4);
+      }));
+      for (int r = 0; r < size; ++r) {
+        for (int p = 0; p < size; ++p) {
+          for (size_t i = parts.offset[p]; i < parts.offset[p] + parts.length[p]; ++i) {
+            ASSERT_EQ(data[r][i], value(p, i)) << "size " << size << " count " << count << " rank " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Shm, BroadcastCopiesTheRootsBytesEverywhere) {
+  const int size = 3, root = 2;
+  for (size_t count : kCounts) {
+    std::vector<std::vector<int32_t>> data(size);
+    expect_no_errors(on_shm_ranks(size, [&](ShmComm& shm) {
+      auto& mine = data[shm.rank()] = shm.rank() == root ? contribution(root, count) : std::vector<int32_t>(count, -1);
+      broadcast_shm(shm, reinterpret_cast<char*>(mine.data()), count * 4, root);
+    }));
+    for (int r = 0; r < size; ++r) EXPECT_EQ(data[r], contribution(root, count)) << "rank " << r << " count " << count;
+  }
+}
+
+TEST(Shm, DisagreeingSignaturesFailEveryRankBeforeAnyDataIsRead) {
+  const int size = 3;
+  std::vector<std::vector<int32_t>> out(size, std::vector<int32_t>(1000, 7));
+  // Rank 2 reduces a different count: its signature differs, and so would its number of chunks.
+  const auto errors = on_shm_ranks(
+      size,
+      [&](ShmComm& shm) {
+        const size_t count = shm.rank() == 2 ? 300000 : 1000;
+        std::vector<int32_t> result(count, 7);
+        const auto mine = contribution(shm.rank(), count);
+        reduce_shm(shm, int32_sum(mine, result.data(), count, size, ShmReduction::kAll));
+        out[shm.rank()].assign(result.begin(), result.begin() + 1000);
+      },
+      [](int r) { return r == 2 ? "count=300000" : "count=1000"; });
+  for (int r = 0; r < size; ++r) {
+    EXPECT_NE(errors[r].find("ranks disagree on this collective"), std::string::npos) << "rank " << r << ": " << errors[r];
+    EXPECT_EQ(out[r], std::vector<int32_t>(1000, 7)) << "rank " << r;
+  }
+}
+
+TEST(Shm, ARankThatNeverArrivesFailsTheOthersAtTheirDeadline) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(2);
+  std::atomic<bool> done{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::string why;
+      auto shm = ShmComm::connect(*store, r, 2, "memory", true, &why);
+      if (r == 1) {
+        while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return;
+      }
+      try {
+        shm->begin("test", 0, std::chrono::milliseconds(200), "same");
+        shm->agree();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+      done = true;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NE(errors[0].find("timed out after 200 ms waiting for rank 1"), std::string::npos) << errors[0];
+}
+
+TEST(Shm, AbortWakesAWaitingRank) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::string error;
+  std::unique_ptr<ShmComm> waiting;
+  std::thread other([&] {
+    std::string why;
+    auto shm = ShmComm::connect(*store, 1, 2, "memory", true, &why);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  });
+  std::string why;
+  waiting = ShmComm::connect(*store, 0, 2, "memory", true, &why);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    waiting->abort("abort() was called on the process group");
+  });
+  try {
+    waiting->begin("test", 0, std::chrono::seconds(30), "same");
+    waiting->agree();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  aborter.join();
+  other.join();
+  EXPECT_NE(error.find("abort() was called"), std::string::npos) << error;
+}
+
+TEST(Shm, OneRankWithSharedMemoryOffTurnsItOffForAll) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> why(3);
+  std::vector<bool> connected(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      connected[r] = ShmComm::connect(*store, r, 3, "memory", /*enabled=*/r != 1, &why[r]) != nullptr;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(connected[r]) << "rank " << r;
+    EXPECT_NE(why[r].find("off on rank 1"), std::string::npos) << "rank " << r << ": " << why[r];
+  }
+}
+
+}  // namespace
+}  // namespace cnccl::host::testing
