@@ -1,11 +1,14 @@
-"""One rank of test_faults.py: a stream of collectives during which the victim rank SIGKILLs itself.
-Survivors record how the failure surfaced and how long destroy_process_group() took."""
+"""One rank of test_faults.py: a stream of collectives during which the victim rank SIGKILLs itself,
+between two collectives ("between") or from a timer while a multi-chunk allreduce is in flight
+("during"). Survivors record how the failure surfaced and how long destroy_process_group() took."""
 
 import datetime
 import json
 import os
 import signal
+import random
 import sys
+import threading
 import time
 
 import torch
@@ -17,7 +20,9 @@ from harness import connect_store
 
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    victim, kill_at, timeout = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    victim, kill_at, timeout, when = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    # 4 MiB of fp32 is several shared-memory chunks: a kill during it lands between chunks' steps.
+    n = 1 << (20 if when == "during" else 16)
     dist.init_process_group("cnccl", store=connect_store(), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout))
     result = {"rank": rank}
@@ -25,8 +30,10 @@ def main():
     try:
         for i in range(100_000):
             if rank == victim and i == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            t = torch.full((1 << 16,), float(rank))
+                if when == "between":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                threading.Timer(random.uniform(0, 0.002), os.kill, (os.getpid(), signal.SIGKILL)).start()
+            t = torch.full((n,), float(rank))
             b = torch.full((1000,), float(rank + 10))
             works = [(dist.all_reduce(t, async_op=True), t, float(rank)),
                      (dist.broadcast(b, 0, async_op=True), b, float(rank + 10))]

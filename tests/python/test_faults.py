@@ -1,5 +1,5 @@
-"""A peer killed with SIGKILL in the middle of a stream of collectives, through shared memory and
-over UCX alone: every survivor gets a DistBackendError within the group's timeout, the tensor of
+"""Each rank in turn killed with SIGKILL in a stream of collectives (between two, and during a
+multi-chunk allreduce), through shared memory and over UCX alone: every survivor gets a DistBackendError within the group's timeout, the tensor of
 the collective that failed is as it was, destroy_process_group() returns afterwards, and no
 shared-memory segment outlives the job (memfd mappings in any process, files in /dev/shm, SysV
 segments the job's processes created)."""
@@ -35,12 +35,13 @@ def sysv_segments_created_by(pids):
 
 
 @pytest.mark.parametrize("engine", ["shm", "ucx"])
-@pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 2), (3, 0), (4, 1)])
-def test_sigkilled_peer(world_size, victim, engine):
+@pytest.mark.parametrize("world_size,victim,when", [(w, v, "between") for w in (2, 3, 4) for v in range(w)] +
+                         [(2, 1, "during"), (3, 0, "during"), (4, 2, "during")])
+def test_sigkilled_peer(world_size, victim, when, engine):
     out = tempfile.mkdtemp(prefix="cnccl-faults-")
     here = os.path.dirname(os.path.abspath(__file__))
     dev_shm_before = set(os.listdir("/dev/shm"))
-    store, procs = launch([os.path.join(here, "fault_worker.py"), str(victim), "20", str(TIMEOUT)], world_size,
+    store, procs = launch([os.path.join(here, "fault_worker.py"), str(victim), "20", str(TIMEOUT), when], world_size,
                           engine_env(engine), out)
     codes = wait_all(procs, 120)
     del store
