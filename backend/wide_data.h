@@ -6,15 +6,29 @@
 
 namespace cnccl {
 
+inline void check_wide(at::ScalarType dtype) {
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, "cnccl: the codec takes fp32 or fp64 tensors, got ", dtype);
+}
+
 // Calls f(float*) or f(double*) with `t`'s data.
 template <typename F>
 void with_wide_data(const at::Tensor& t, F&& f) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble,
-              "cnccl: the codec takes fp32 or fp64 tensors, got ", t.scalar_type());
+  check_wide(t.scalar_type());
   if (t.scalar_type() == at::kFloat) {
     f(t.mutable_data_ptr<float>());
   } else {
     f(t.mutable_data_ptr<double>());
+  }
+}
+
+// Calls f(const float*) or f(const double*) with `data` read as `dtype`.
+template <typename F>
+void with_wide_data(const char* data, at::ScalarType dtype, F&& f) {
+  check_wide(dtype);
+  if (dtype == at::kFloat) {
+    f(reinterpret_cast<const float*>(data));
+  } else {
+    f(reinterpret_cast<const double*>(data));
   }
 }
 

@@ -51,10 +51,11 @@ HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int s
                 no_shm_because_);
     if (shm_ && shm_->hosts().size() > 1) {
       // Its own UCX worker, so its tags never meet the group's.
-      auto across = c10::make_intrusive<c10d::PrefixStore>("cnccl/across_hosts/" + std::to_string(shm_->rank()) + "/",
-                                                          store);
-      cross_ = std::make_unique<Comm>(std::make_unique<UcxTransport>(across, shm_->host(), int(shm_->hosts().size())),
-                                      group_name + "' across hosts, local rank " + std::to_string(shm_->rank()) + ", '");
+      const std::string prefix = "cnccl/across_hosts/" + std::to_string(shm_->rank()) + "/";
+      auto across = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+      auto transport = std::make_unique<UcxTransport>(across, shm_->host(), int(shm_->hosts().size()));
+      cross_ = std::make_unique<Comm>(std::move(transport), group_name + "' across hosts, local rank " +
+                                                                std::to_string(shm_->rank()) + ", '");
     }
   } else {
     no_shm_because_ = "a single rank";
@@ -76,7 +77,8 @@ SharedMemory HostPath::shared_memory() const {
 std::string HostPath::transport() const {
   switch (shared_memory()) {
     case SharedMemory::kOneHost: return "shm";
-    case SharedMemory::kPerHost: return "shm within each host, ucx across " + std::to_string(shm_->hosts().size()) + " hosts";
+    case SharedMemory::kPerHost:
+      return "shm within each host, ucx across " + std::to_string(shm_->hosts().size()) + " hosts";
     default: return "ucx (" + no_shm_because_ + ")";
   }
 }

@@ -32,7 +32,9 @@ void reduce_shm(ShmComm& shm, const ShmReduction& r) {
   std::vector<const char*> inputs(size);
   for (size_t k = 0; k < chunks; ++k) {
     const size_t first = k * chunk;
-    auto count = [&](int part) { return std::min(chunk, r.parts.length[part] - std::min(first, r.parts.length[part])); };
+    auto count = [&](int part) {
+      return std::min(chunk, r.parts.length[part] - std::min(first, r.parts.length[part]));
+    };
     auto at = [&](char* base, int part) { return base + part * chunk * r.elem; };
     auto out = [&](int part) { return r.out + (r.parts.offset[part] + first) * r.elem; };
     auto sum_piece = [&](int part, uint64_t step, char* dst) {

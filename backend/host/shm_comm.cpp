@@ -97,7 +97,8 @@ struct Announcement {
 
 std::string encode(const Announcement& a) {
   std::ostringstream out;
-  out << (a.ok ? "ok" : "no") << "\n" << a.identity << "\n" << a.pid << " " << a.fd << " " << a.token << "\n" << a.reason;
+  out << (a.ok ? "ok" : "no") << "\n" << a.identity << "\n" << a.pid << " " << a.fd << " " << a.token << "\n"
+      << a.reason;
   return out.str();
 }
 

@@ -75,10 +75,9 @@ ShmProduce shm_producer(std::function<const char*(size_t index)> source, const P
     };
   }
   return [source, plan, dtype](size_t offset, size_t count, char* dst) {
-    auto* wire = reinterpret_cast<uint16_t*>(dst);
-    const float scale = float(plan.pre_scale);
-    if (dtype == at::kDouble) return compress::cast(reinterpret_cast<const double*>(source(offset)), wire, count, scale, plan.wire);
-    compress::cast(reinterpret_cast<const float*>(source(offset)), wire, count, scale, plan.wire);
+    with_wide_data(source(offset), dtype, [&](const auto* x) {
+      compress::cast(x, reinterpret_cast<uint16_t*>(dst), count, float(plan.pre_scale), plan.wire);
+    });
   };
 }
 

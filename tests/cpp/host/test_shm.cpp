@@ -132,7 +132,8 @@ void check_wire_sum_is_fp32_in_rank_order_rounded_once(compress::Wire wire) {
                          compress::cast(mine.data() + offset, reinterpret_cast<uint16_t*>(dst), n, 1.0f, wire);
                        },
                        [&](const char* const* in, char* dst, size_t n) {
-                         compress::sum(reinterpret_cast<const uint16_t* const*>(in), size, reinterpret_cast<uint16_t*>(dst), n, wire);
+                         compress::sum(reinterpret_cast<const uint16_t* const*>(in), size,
+                                       reinterpret_cast<uint16_t*>(dst), n, wire);
                        },
                        reinterpret_cast<char*>(out[shm.rank()].data()), ShmReduction::kAll};
         reduce_shm(shm, r);
@@ -205,7 +206,8 @@ TEST(Shm, DisagreeingSignaturesFailEveryRankBeforeAnyDataIsRead) {
       },
       [](int r) { return r == 2 ? "count=300000" : "count=1000"; });
   for (int r = 0; r < size; ++r) {
-    EXPECT_NE(errors[r].find("ranks disagree on this collective"), std::string::npos) << "rank " << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("ranks disagree on this collective"), std::string::npos)
+        << "rank " << r << ": " << errors[r];
     EXPECT_EQ(out[r], std::vector<int32_t>(1000, 7)) << "rank " << r;
   }
 }
