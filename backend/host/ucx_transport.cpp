@@ -67,6 +67,9 @@ void on_recv(void* /*request*/, ucs_status_t status, const ucp_tag_recv_info_t* 
   c->done = true;
 }
 
+// The endpoint's failed requests carry the error to the collective; nothing more to do here.
+void on_endpoint_error(void* /*arg*/, ucp_ep_h /*ep*/, ucs_status_t /*status*/) {}
+
 class UcxRequest final : public Request {
  public:
   UcxRequest(ucp_worker_h worker, void* handle, std::unique_ptr<Completion> completion)
@@ -122,9 +125,15 @@ UcxTransport::UcxTransport(const c10::intrusive_ptr<c10d::Store>& store, int ran
     if (peer == rank) continue;
     const std::vector<uint8_t> remote = store->get("cnccl/ucx/" + std::to_string(peer));
     ucp_ep_params_t eparams{};
-    eparams.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    eparams.field_mask =
+        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     eparams.address = reinterpret_cast<const ucp_address_t*>(remote.data());
-    eparams.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    // Without PEER mode UCX treats a peer's death as fatal: a rendezvous read (CMA's
+    // process_vm_readv) from a rank killed mid-transfer aborts this process. With it, the requests
+    // on that endpoint complete with an error, which the collective reports naming the peer.
+    eparams.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    eparams.err_handler.cb = on_endpoint_error;
+    eparams.err_handler.arg = nullptr;
     check_ucs(ucp_ep_create(worker_, &eparams, &endpoints_[peer]), "endpoint create");
   }
   // No rank leaves before every rank has connected: a group created and destroyed at once would
