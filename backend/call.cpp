@@ -9,7 +9,8 @@ std::string describe(const at::Tensor& t) {
   return std::to_string(t.numel()) + " x " + c10::toString(t.scalar_type());
 }
 std::string describe(const at::Tensor& t, const Plan& plan, RedOp op) {
-  return describe(t) + ", " + op_name(op) + ", " + (plan.compress ? compress::wire_name(plan.wire) : "no") + " wire";
+  return describe(t) + ", " + op_name(op) + ", " + (plan.compress ? compress::wire_name(plan.wire) : "no") + " wire" +
+         (plan.fp32_sum ? ", fp32 sums" : "");
 }
 std::string with_root(std::string what, int64_t root) { return what + ", root " + std::to_string(root); }
 

@@ -48,6 +48,13 @@ ShmMode parse_shm(const std::string& value, const char* source) {
   TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: auto, on, off");
 }
 
+Accumulate parse_accumulate(const std::string& value, const char* source) {
+  const std::string v = lower(value);
+  if (v == "wire") return Accumulate::kWire;
+  if (v == "fp32") return Accumulate::kFp32;
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: wire, fp32");
+}
+
 int64_t parse_bytes(const std::string& value, const char* source) {
   char* end = nullptr;
   errno = 0;
@@ -78,6 +85,7 @@ Config Options::resolve() const {
   if (auto v = env("CNCCL_COMPRESS_FP64")) c.compress_fp64 = parse_bool(*v, "CNCCL_COMPRESS_FP64");
   if (auto v = env("CNCCL_CPU_ENGINE")) c.cpu_engine = parse_cpu_engine(*v, "CNCCL_CPU_ENGINE");
   if (auto v = env("CNCCL_SHM")) c.shm = parse_shm(*v, "CNCCL_SHM");
+  if (auto v = env("CNCCL_ACCUMULATE")) c.accumulate = parse_accumulate(*v, "CNCCL_ACCUMULATE");
   if (wire_dtype) c.wire = parse_wire(*wire_dtype, "Options.wire_dtype");
   if (min_bytes) {
     TORCH_CHECK_VALUE(*min_bytes >= 0, "cnccl: Options.min_bytes=", *min_bytes,
@@ -88,6 +96,7 @@ Config Options::resolve() const {
   if (compress_fp64) c.compress_fp64 = *compress_fp64;
   if (cpu_engine) c.cpu_engine = parse_cpu_engine(*cpu_engine, "Options.cpu_engine");
   if (shm) c.shm = parse_shm(*shm, "Options.shm");
+  if (accumulate) c.accumulate = parse_accumulate(*accumulate, "Options.accumulate");
   return c;
 }
 

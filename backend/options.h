@@ -18,6 +18,9 @@ enum class CpuEngine : uint8_t { kUcx, kGloo };
 // Whether the host path's ranks on one host use shared memory (docs/design.md, "Shared memory"):
 // when they can (auto), always (on: group creation fails when they cannot), or never (UCX only).
 enum class ShmMode : uint8_t { kAuto, kOn, kOff };
+// How a compressed sum adds (docs/design.md, "Numerics"): in the wire type in whatever order the
+// engine takes (a ring rounds every hop), or in fp32 in rank order with one rounding.
+enum class Accumulate : uint8_t { kWire, kFp32 };
 
 // The settings a group runs with, after defaults, environment and Options are combined.
 struct Config {
@@ -27,10 +30,12 @@ struct Config {
   bool compress_fp64 = false;
   CpuEngine cpu_engine = CpuEngine::kUcx;
   ShmMode shm = ShmMode::kAuto;
+  Accumulate accumulate = Accumulate::kWire;
 
   std::string wire_name() const { return wire ? compress::wire_name(*wire) : "none"; }
   const char* cpu_engine_name() const { return cpu_engine == CpuEngine::kGloo ? "gloo" : "ucx"; }
   const char* shm_name() const { return shm == ShmMode::kOn ? "on" : shm == ShmMode::kOff ? "off" : "auto"; }
+  const char* accumulate_name() const { return accumulate == Accumulate::kFp32 ? "fp32" : "wire"; }
 };
 
 struct Options : c10d::Backend::Options {
@@ -42,6 +47,7 @@ struct Options : c10d::Backend::Options {
   std::optional<bool> compress_fp64;
   std::optional<std::string> cpu_engine;   // ucx | gloo
   std::optional<std::string> shm;          // auto | on | off
+  std::optional<std::string> accumulate;   // wire | fp32
 
   // Overrides Backend::Options::clone() where the torch version has it (keeps the subclass).
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const;

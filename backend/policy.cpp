@@ -87,6 +87,7 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
     plan.pre_scale = 1.0 / world_size;
     plan.post_scale = world_size;
   }
+  plan.fp32_sum = plan.compress && sum_like && config.accumulate == Accumulate::kFp32;
   return plan;
 }
 
@@ -101,10 +102,16 @@ Traffic traffic(const Plan& plan, int64_t numel, int64_t nbytes) {
   return {nbytes, plan.compress ? numel * 2 : nbytes, plan.compress};
 }
 
-AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory) {
+AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory, bool fp32_sum) {
   if (shared_memory == SharedMemory::kOneHost) return AllreduceAlgorithm::kShm;
+  if (fp32_sum) return AllreduceAlgorithm::kAlltoall;
   if (shared_memory == SharedMemory::kPerHost) return AllreduceAlgorithm::kHierarchical;
   return wire_bytes > kDirectAllreduceMaxBytes ? AllreduceAlgorithm::kRing : AllreduceAlgorithm::kDirect;
+}
+
+AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum) {
+  if (shared_memory == SharedMemory::kOneHost) return AllreduceAlgorithm::kShm;
+  return fp32_sum ? AllreduceAlgorithm::kAlltoall : AllreduceAlgorithm::kRing;
 }
 
 void check_nccl_supports(const Config& config, int nccl_version) {

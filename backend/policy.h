@@ -23,6 +23,9 @@ struct Plan {
   double post_scale = 1.0;
   // Uncompressed integer AVG: truncating division after the sum, as NCCL does.
   int64_t post_divisor = 1;
+  // Compressed SUM with accumulate=fp32: the owner of each part sums every rank's 16-bit
+  // contribution in fp32 in rank order and rounds once (allreduce) or not at all (reduce_scatter).
+  bool fp32_sum = false;
 };
 
 // What a collective puts on the wire for one tensor, as cnccl.stats() counts it.
@@ -54,9 +57,14 @@ enum class SharedMemory : uint8_t { kNone, kOneHost, kPerHost };
 // The host path's allreduce algorithms: through shared memory when every rank shares it (every
 // size: it has its own small-message form); hierarchical across hosts (shared memory inside each
 // host, UCX between them); else over the transport, one exchange with every peer (latency-bound
-// sizes) or a ring reduce-scatter + allgather (bandwidth-bound sizes).
-enum class AllreduceAlgorithm : uint8_t { kShm, kHierarchical, kDirect, kRing };
-AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory);
+// sizes) or a ring reduce-scatter + allgather (bandwidth-bound sizes). A plan with fp32_sum needs
+// every rank's contribution at its part's owner: through shared memory on one host, else an
+// all-to-all reduce-scatter + allgather.
+enum class AllreduceAlgorithm : uint8_t { kShm, kHierarchical, kDirect, kRing, kAlltoall };
+AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory, bool fp32_sum);
+// The reduce_scatter algorithm: through shared memory on one host, else kAlltoall for fp32_sum
+// and kRing otherwise.
+AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum);
 // Up to this many bytes on the wire the direct exchange wins (bench/allreduce.py, 2 and 4 ranks).
 constexpr int64_t kDirectAllreduceMaxBytes = 256 * 1024;
 

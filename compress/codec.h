@@ -42,5 +42,8 @@ void cast_add(const float* src, const uint16_t* in, uint16_t* acc, size_t n, flo
 // holds more than twice a 16-bit significand plus two bits, so rounding twice is exact); at
 // k > 2 it is the more accurate sum the shared-memory path defines (docs/design.md).
 void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire);
+// dst[i] = ((widen(in[0][i]) + widen(in[1][i])) + ...) + widen(in[k-1][i]) in fp32, not rounded:
+// a reduce_scatter with fp32 accumulation writes it straight into its wide output.
+void sum(const uint16_t* const* in, size_t k, float* dst, size_t n, Wire wire);
 
 }  // namespace cnccl::compress

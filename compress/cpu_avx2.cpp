@@ -196,10 +196,24 @@ void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire w) {
   }
 }
 
+void sum_f32(const uint16_t* const* in, size_t k, float* dst, size_t n, Wire w) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 a = widen8(in[0] + i, w);
+    for (size_t j = 1; j < k; ++j) a = _mm256_add_ps(a, widen8(in[j] + i, w));
+    _mm256_storeu_ps(dst + i, a);
+  }
+  for (; i < n; ++i) {
+    float s = from_wire(in[0][i], w);
+    for (size_t j = 1; j < k; ++j) s += from_wire(in[j][i], w);
+    dst[i] = s;
+  }
+}
+
 }  // namespace
 
 const CpuKernels* avx2_f16c_kernels() {
-  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add, cast_add_f32, sum};
+  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add, cast_add_f32, sum, sum_f32};
   return &kernels;
 }
 

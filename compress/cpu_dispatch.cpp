@@ -71,5 +71,8 @@ void cast_add(const float* src, const uint16_t* in, uint16_t* acc, size_t n, flo
 void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire) {
   active().sum(in, k, dst, n, wire);
 }
+void sum(const uint16_t* const* in, size_t k, float* dst, size_t n, Wire wire) {
+  active().sum_f32(in, k, dst, n, wire);
+}
 
 }  // namespace cnccl::compress

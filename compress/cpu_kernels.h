@@ -13,6 +13,7 @@ struct CpuKernels {
   void (*add)(uint16_t*, const uint16_t*, size_t, Wire);
   void (*cast_add_f32)(const float*, const uint16_t*, uint16_t*, size_t, float, Wire);
   void (*sum)(const uint16_t* const*, size_t, uint16_t*, size_t, Wire);
+  void (*sum_f32)(const uint16_t* const*, size_t, float*, size_t, Wire);
 };
 
 const CpuKernels& scalar_kernels();

@@ -52,6 +52,23 @@ __global__ void restore_vec4(const ushort4* src, float4* dst, size_t n4, float s
   }
 }
 
+__device__ __forceinline__ float row_sum(const uint16_t* rows, size_t k, size_t stride, size_t i, Wire w) {
+  float s = widen(rows[i], w);
+  for (size_t j = 1; j < k; ++j) s = __fadd_rn(s, widen(rows[j * stride + i], w));
+  return s;
+}
+
+__global__ void sum_narrow(const uint16_t* rows, size_t k, size_t stride, uint16_t* dst, size_t n, Wire w) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = narrow(row_sum(rows, k, stride, i, w), w);
+}
+
+template <typename Wide>
+__global__ void sum_wide(const uint16_t* rows, size_t k, size_t stride, Wide* dst, size_t n, float s, Wire w) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    store_wide(dst + i, row_sum(rows, k, stride, i, w), s);
+}
+
 constexpr int kThreads = 256;
 
 int blocks_for(size_t work) {
@@ -111,6 +128,26 @@ void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire,
   if (n == 0) return;
   restore_scalar<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n, scale, wire);
   check_launch("restore kernel");
+}
+
+void sum(const uint16_t* rows, size_t k, size_t stride, uint16_t* dst, size_t n, Wire wire, cudaStream_t stream) {
+  if (n == 0) return;
+  sum_narrow<<<blocks_for(n), kThreads, 0, stream>>>(rows, k, stride, dst, n, wire);
+  check_launch("sum kernel");
+}
+
+void sum(const uint16_t* rows, size_t k, size_t stride, float* dst, size_t n, float scale, Wire wire,
+         cudaStream_t stream) {
+  if (n == 0) return;
+  sum_wide<<<blocks_for(n), kThreads, 0, stream>>>(rows, k, stride, dst, n, scale, wire);
+  check_launch("sum kernel");
+}
+
+void sum(const uint16_t* rows, size_t k, size_t stride, double* dst, size_t n, float scale, Wire wire,
+         cudaStream_t stream) {
+  if (n == 0) return;
+  sum_wide<<<blocks_for(n), kThreads, 0, stream>>>(rows, k, stride, dst, n, scale, wire);
+  check_launch("sum kernel");
 }
 
 }  // namespace cnccl::compress::cuda

@@ -63,7 +63,9 @@ std::vector<at::Tensor> stages_of(const std::vector<Composition::Staged>& staged
 void unstage(Device& device, const Composition::Staged& s) {
   const bool in_place = s.target.is_contiguous();
   at::Tensor out = in_place ? flat(s.target) : at::empty({s.target.numel()}, s.target.options());
-  if (s.plan.compress) {
+  if (s.rows) {
+    device.sum_wide(s.stage, out, s.plan);
+  } else if (s.plan.compress) {
     device.restore(s.stage, out, s.plan);
   } else if (s.plan.post_divisor != 1) {
     out.copy_(at::div(s.stage, s.plan.post_divisor, "trunc"));
@@ -132,6 +134,42 @@ void Composition::stage_into(const at::Tensor& src, const at::Tensor& dst, const
   if (p.pre_scale != 1.0) dst.mul_(p.pre_scale);
 }
 
+Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const Plan& p,
+                                                     std::chrono::milliseconds timeout) {
+  const int64_t n = t.numel(), part = (n + size_ - 1) / size_;
+  at::Tensor sent = stage(t, p, part * size_);
+  stage_into(t, sent.narrow(0, 0, n), p);
+  if (part * size_ > n) sent.narrow(0, n, part * size_ - n).zero_();
+  at::Tensor rows = at::empty_like(sent);
+  c10d::AllToAllOptions to_owners;
+  to_owners.timeout = timeout;
+  std::vector<int64_t> equal_splits;
+  // The allgather's work alone would not tell an all-to-all that failed on a stream (CUDA): the
+  // restore waits on both.
+  WorkPtr to_owners_work = inner().alltoall_base(rows, sent, equal_splits, equal_splits, to_owners);
+  device_->order_after(to_owners_work);
+  at::Tensor mine = stage(t, p, part);
+  device_->sum(rows.view({size_, part}), mine, p);
+  at::Tensor gathered = at::empty_like(sent);
+  c10d::AllgatherOptions back;
+  back.timeout = timeout;
+  WorkPtr work = inner()._allgather_base(gathered, mine, back);
+  return {{to_owners_work, work}, {gathered.narrow(0, 0, n), t, p}, {sent, rows, mine}};
+}
+
+Composition::Issued Composition::reduce_scatter_fp32_sums(const at::Tensor& stage_in, const at::Tensor& output,
+                                                          const Plan& p, std::chrono::milliseconds timeout) {
+  at::Tensor rows = at::empty_like(stage_in);
+  c10d::AllToAllOptions to_owners;
+  to_owners.timeout = timeout;
+  std::vector<int64_t> equal_splits;
+  at::Tensor sent = stage_in;
+  WorkPtr work = inner().alltoall_base(rows, sent, equal_splits, equal_splits, to_owners);
+  Staged staged{rows.view({size_, output.numel()}), output, p};
+  staged.rows = true;
+  return {{work}, staged, {stage_in}};
+}
+
 c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "cnccl allreduce: expects exactly one tensor, got ", tensors.size());
@@ -141,6 +179,11 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& t
   record_stats(stats_, t, t.numel(), p);
   if (!is_staged(p, opts.reduceOp, t.is_contiguous())) return inner().allreduce(tensors, opts);
   c10::DeviceGuard guard(t.device());
+  if (p.fp32_sum && t.numel()) {
+    Issued issued = allreduce_fp32_sums(t, p, opts.timeout);
+    return finish(c10d::OpType::ALLREDUCE, "allreduce", opts.asyncOp, issued.works, {issued.staged},
+                  issued.buffers, tensors);
+  }
   std::vector<at::Tensor> stages{stage(t, p, t.numel())};
   stage_into(t, stages[0], p);
   auto work = inner().allreduce(stages, with_op(opts, p.inner_op));
@@ -150,20 +193,22 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                 const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "cnccl allreduce_coalesced: no tensors");
-  std::vector<at::Tensor> direct;
+  std::vector<at::Tensor> direct, fp32_sums;
   std::vector<Staged> staged;
   for (const auto& t : tensors) {
     checks::on_device_of(t, tensors[0], "allreduce_coalesced");
     const Plan p = plan(t, t.nbytes(), opts.reduceOp, t.is_contiguous());
     record_stats(stats_, t, t.numel(), p);
-    if (is_staged(p, opts.reduceOp, t.is_contiguous())) {
+    if (p.fp32_sum && t.numel()) {
+      fp32_sums.push_back(t);
+    } else if (is_staged(p, opts.reduceOp, t.is_contiguous())) {
       staged.push_back({stage(t, p, t.numel()), t, p});
     } else {
       direct.push_back(t);
     }
   }
   const bool one_call = by_dtype(tensors).size() == 1 || engine_.coalesces_mixed_dtypes;
-  if (staged.empty() && one_call) return inner().allreduce_coalesced(tensors, opts);
+  if (staged.empty() && fp32_sums.empty() && one_call) return inner().allreduce_coalesced(tensors, opts);
   c10::DeviceGuard guard(tensors[0].device());
   for (const auto& s : staged) stage_into(s.target, s.stage, s.plan);
   // Staged tensors reduce with the plan's inner op (their scales are already applied), the
@@ -179,8 +224,16 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::
     auto part = pick(direct, group);
     works.push_back(inner().allreduce_coalesced(part, opts));
   }
+  // Each tensor with fp32 sums is its own all-to-all and allgather.
+  std::vector<at::Tensor> buffers;
+  for (const auto& t : fp32_sums) {
+    Issued issued = allreduce_fp32_sums(t, plan(t, t.nbytes(), opts.reduceOp, t.is_contiguous()), opts.timeout);
+    works.insert(works.end(), issued.works.begin(), issued.works.end());
+    staged.push_back(issued.staged);
+    buffers.insert(buffers.end(), issued.buffers.begin(), issued.buffers.end());
+  }
   return finish(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", opts.asyncOp, std::move(works),
-                std::move(staged), {}, tensors);
+                std::move(staged), std::move(buffers), tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
@@ -193,6 +246,11 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor(at::Tensor& ou
   c10::DeviceGuard guard(input.device());
   at::Tensor stage_in = stage(input, p, input.numel());
   stage_into(input, stage_in, p);
+  if (p.fp32_sum && output.numel()) {
+    Issued issued = reduce_scatter_fp32_sums(stage_in, output, p, opts.timeout);
+    return finish(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts.asyncOp, issued.works,
+                  {issued.staged}, issued.buffers, {output});
+  }
   at::Tensor stage_out = stage(input, p, output.numel());
   auto work = inner()._reduce_scatter_base(stage_out, stage_in, with_op(opts, p.inner_op));
   return finish(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts.asyncOp, {work},
@@ -225,6 +283,11 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter(std::vector<at::Tenso
   // form would copy the inputs into one first.
   at::Tensor stage_in = stage(out, p, out.numel() * size_);
   for (int i = 0; i < size_; ++i) stage_into(inputs[0][i], stage_in.narrow(0, i * out.numel(), out.numel()), p);
+  if (p.fp32_sum && out.numel()) {
+    Issued issued = reduce_scatter_fp32_sums(stage_in, out, p, opts.timeout);
+    return finish(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts.asyncOp, issued.works, {issued.staged},
+                  issued.buffers, outputs);
+  }
   at::Tensor stage_out = stage(out, p, out.numel());
   auto work = inner()._reduce_scatter_base(stage_out, stage_in, with_op(opts, p.inner_op));
   return finish(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts.asyncOp, {work}, {{stage_out, out, p}},
@@ -238,13 +301,18 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std:
                     "needs as many outputs as inputs, got ", outputs.size(), " and ", inputs.size());
   std::vector<at::Tensor> direct_in, direct_out, staged_in, stage_ins;
   std::vector<Staged> staged;
+  std::vector<size_t> fp32_sums;
+  std::vector<Plan> fp32_plans;
   for (size_t i = 0; i < inputs.size(); ++i) {
     checks::on_device_of(inputs[i], inputs[0], "reduce_scatter_tensor_coalesced");
     checks::reduce_scatter_sizes(outputs[i], inputs[i], size_, "reduce_scatter_tensor_coalesced");
     const bool contiguous = inputs[i].is_contiguous() && outputs[i].is_contiguous();
     const Plan p = plan(inputs[i], inputs[i].nbytes(), opts.reduceOp, contiguous);
     record_stats(stats_, inputs[i], inputs[i].numel(), p);
-    if (is_staged(p, opts.reduceOp, contiguous)) {
+    if (p.fp32_sum && outputs[i].numel()) {
+      fp32_sums.push_back(i);
+      fp32_plans.push_back(p);
+    } else if (is_staged(p, opts.reduceOp, contiguous)) {
       staged_in.push_back(inputs[i]);
       stage_ins.push_back(stage(inputs[i], p, inputs[i].numel()));
       staged.push_back({stage(inputs[i], p, outputs[i].numel()), outputs[i], p});
@@ -254,7 +322,9 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std:
     }
   }
   const bool one_call = by_dtype(inputs).size() == 1 || engine_.coalesces_mixed_dtypes;
-  if (staged.empty() && one_call) return inner().reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  if (staged.empty() && fp32_sums.empty() && one_call) {
+    return inner().reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  }
   c10::DeviceGuard guard(inputs[0].device());
   for (size_t i = 0; i < staged.size(); ++i) stage_into(staged_in[i], stage_ins[i], staged[i].plan);
   std::vector<WorkPtr> works;
@@ -268,6 +338,16 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std:
     auto outs = pick(direct_out, group);
     auto ins = pick(direct_in, group);
     works.push_back(inner().reduce_scatter_tensor_coalesced(outs, ins, opts));
+  }
+  // Each tensor with fp32 sums is its own all-to-all.
+  for (size_t k = 0; k < fp32_sums.size(); ++k) {
+    const size_t i = fp32_sums[k];
+    at::Tensor stage_in = stage(inputs[i], fp32_plans[k], inputs[i].numel());
+    stage_into(inputs[i], stage_in, fp32_plans[k]);
+    Issued issued = reduce_scatter_fp32_sums(stage_in, outputs[i], fp32_plans[k], opts.timeout);
+    works.insert(works.end(), issued.works.begin(), issued.works.end());
+    staged.push_back(issued.staged);
+    stage_ins.insert(stage_ins.end(), issued.buffers.begin(), issued.buffers.end());
   }
   return finish(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", opts.asyncOp, std::move(works),
                 std::move(staged), std::move(stage_ins), outputs);

@@ -66,10 +66,29 @@ class Composition {
     at::Tensor stage;
     at::Tensor target;
     Plan plan;
+    // `stage` holds every rank's contribution, one row each: the restore sums them in fp32
+    // (a reduce_scatter with fp32 sums).
+    bool rows = false;
   };
 
  private:
   using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+
+  // A compressed reduction with fp32 sums (plan.fp32_sum; docs/design.md, "Numerics"), issued:
+  // the engine's works, what the restore reads and writes, and the buffers the engine uses.
+  struct Issued {
+    std::vector<WorkPtr> works;
+    Staged staged;
+    std::vector<at::Tensor> buffers;
+  };
+  // The 16-bit stage goes to each part's owner in one alltoall_base; the owner sums the rows in
+  // fp32 in rank order and rounds once (Device::sum, after the engine's alltoall), and
+  // _allgather_base brings every part back. Parts are equal, the last padded with zeros.
+  Issued allreduce_fp32_sums(const at::Tensor& t, const Plan& p, std::chrono::milliseconds timeout);
+  // `stage_in` (part q for rank q) goes out in one alltoall_base; the restore sums the rows into
+  // `output` (Device::sum_wide), never rounding to 16 bits.
+  Issued reduce_scatter_fp32_sums(const at::Tensor& stage_in, const at::Tensor& output, const Plan& p,
+                                  std::chrono::milliseconds timeout);
 
   // `exact`: plan as reduce() does, never compressed (policy.h).
   Plan plan(const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp& op, bool as_is, bool exact = false) const;

@@ -7,6 +7,12 @@
 namespace cnccl::composed {
 namespace {
 
+std::vector<const uint16_t*> row_pointers(const at::Tensor& rows) {
+  std::vector<const uint16_t*> out;
+  for (int64_t q = 0; q < rows.size(0); ++q) out.push_back(static_cast<const uint16_t*>(rows[q].const_data_ptr()));
+  return out;
+}
+
 class CpuDevice final : public Device {
  public:
   double premul_factor(const c10d::ReduceOp& op) override { return cnccl::premul_factor(op); }
@@ -21,6 +27,24 @@ class CpuDevice final : public Device {
     with_wide_data(wide, [&](auto* dst) {
       compress::restore(src, dst, wide.numel(), float(plan.post_scale), plan.wire);
     });
+  }
+
+  void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan) override {
+    compress::sum(row_pointers(rows).data(), size_t(rows.size(0)), static_cast<uint16_t*>(wire.data_ptr()),
+                  size_t(rows.size(1)), plan.wire);
+  }
+
+  void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) override {
+    at::Tensor sums = at::empty({rows.size(1)}, rows.options().dtype(at::kFloat));
+    compress::sum(row_pointers(rows).data(), size_t(rows.size(0)), sums.data_ptr<float>(), size_t(rows.size(1)),
+                  plan.wire);
+    const double scale = double(float(plan.post_scale));
+    at::Tensor out = wide.scalar_type() == at::kFloat ? sums : sums.to(wide.scalar_type());
+    wide.copy_(scale == 1.0 ? out : out.mul(scale));
+  }
+
+  void order_after(const c10::intrusive_ptr<c10d::Work>& work) override {
+    if (work) work->wait();
   }
 
   // CPU futures that are complete hold values that are already in memory.

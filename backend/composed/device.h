@@ -5,6 +5,7 @@
 
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <functional>
 #include <memory>
@@ -29,6 +30,16 @@ class Device {
   virtual void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan) = 0;
   // wide = widen(wire) * plan.post_scale, on the stream `after` set up.
   virtual void restore(const at::Tensor& wire, const at::Tensor& wide, const Plan& plan) = 0;
+
+  // fp32 sums (plan.fp32_sum). `rows`: [ranks, n] 16-bit contributions, rank 0 first.
+  // wire = round16(rows[0] + rows[1] + ... in fp32), ordered like cast().
+  virtual void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan) = 0;
+  // wide = (rows[0] + rows[1] + ... in fp32) * plan.post_scale, unrounded (as restore() treats a
+  // widened 16-bit value); ordered like restore().
+  virtual void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) = 0;
+  // Makes what the device does next see `work`'s results (CPU: the host waits for it and rethrows
+  // its failure; CUDA: the current stream waits on it). Null: the engine ran synchronously.
+  virtual void order_after(const c10::intrusive_ptr<c10d::Work>& work) = 0;
 
   // Runs `body` (the restores, then the completion of cnccl's future) once `inner`, which are
   // complete on the host, have produced their values on the device. `buffers` are every tensor

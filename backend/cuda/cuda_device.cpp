@@ -46,6 +46,28 @@ class CudaDevice final : public composed::Device {
     });
   }
 
+  void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan) override {
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(wire.device().index()).stream();
+    compress::cuda::sum(static_cast<const uint16_t*>(rows.const_data_ptr()), size_t(rows.size(0)),
+                        size_t(rows.stride(0)), static_cast<uint16_t*>(wire.data_ptr()), size_t(rows.size(1)),
+                        plan.wire, stream);
+  }
+
+  void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) override {
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(wide.device().index()).stream();
+    const auto* src = static_cast<const uint16_t*>(rows.const_data_ptr());
+    with_wide_data(wide, [&](auto* dst) {
+      compress::cuda::sum(src, size_t(rows.size(0)), size_t(rows.stride(0)), dst, size_t(rows.size(1)),
+                          float(plan.post_scale), plan.wire, stream);
+    });
+  }
+
+  // ProcessGroupNCCL's synchronize() makes the current stream wait on the collective's end event;
+  // the host does not wait (unless TORCH_NCCL_BLOCKING_WAIT asks it to).
+  void order_after(const c10::intrusive_ptr<c10d::Work>& work) override {
+    if (work) work->synchronize();
+  }
+
   void after(const std::vector<composed::FuturePtr>& inner, const std::vector<at::Tensor>& buffers,
              const std::function<void()>& body) override {
     const at::Device device = buffers.front().device();

@@ -70,21 +70,33 @@ void alltoall_direct(Comm& comm, const char* in, const std::vector<size_t>& send
 // Returns once every rank has entered.
 void barrier_direct(Comm& comm);
 
+// dst = the reduction of inputs[0], ..., inputs[size - 1] (one per rank, in rank order) over
+// `count` elements.
+using RankSum = std::function<void(const char* const* inputs, char* dst, size_t count)>;
+// Reduce-scatter in one exchange with every peer: rank r sends part p of `data` to rank p, and
+// `sum` reduces every rank's part r in rank order into `out` (which may be part r of `data`).
+// Each element is reduced in one place with every contribution at hand: the form fp32
+// accumulation needs (docs/design.md, "Numerics"). Uses message slots [slot_base, +1).
+void reduce_scatter_alltoall(Comm& comm, char* data, const Parts& parts, size_t elem, const RankSum& sum, char* out,
+                             uint32_t slot_base = 0);
+
 // A reduction through shared memory (reduce_shm.cpp): every rank's contribution to the elements
-// of `parts`, reduced in rank order, lands in `out` (element e at out + e * elem) on the ranks
-// `deliver` names: all of them (allreduce), each its own part (reduce_scatter), or the root.
+// of `parts`, reduced in rank order, lands in `out` (element e at out + e * out_elem) on the ranks
+// `deliver` names: all of them (allreduce), each its own part (reduce_scatter: `out` then holds that
+// part alone, from its first element), or the root.
 // Writes this rank's contribution to elements [offset, offset + count) to `dst`, as sent.
 using ShmProduce = std::function<void(size_t offset, size_t count, char* dst)>;
-// dst = the reduction of inputs[0], ..., inputs[size - 1] (one per rank) over `count` elements.
-using ShmSum = std::function<void(const char* const* inputs, char* dst, size_t count)>;
 struct ShmReduction {
   Parts parts;
   size_t elem;
   ShmProduce produce;
-  ShmSum sum;
+  RankSum sum;
   char* out;
   enum Deliver { kAll, kOwn, kRoot } deliver = kAll;
   int root = 0;
+  // Bytes per result element when `sum` writes a wider type than it reads (an fp32 sum of 16-bit
+  // contributions, kOwn only); 0: `elem`.
+  size_t out_elem = 0;
 };
 void reduce_shm(ShmComm& shm, const ShmReduction& reduction);
 // Across hosts (allreduce_hierarchical.cpp): `local` reduce-scattered through this host's shared

@@ -6,12 +6,13 @@
 namespace cnccl::host {
 
 void allreduce_hierarchical(ShmComm& shm, Comm& across, const ShmReduction& local, const Reducer& reduce) {
+  char* mine = local.out + local.parts.offset[shm.rank()] * local.elem;
   ShmReduction scatter = local;
   scatter.deliver = ShmReduction::kOwn;
+  scatter.out = mine;
   reduce_shm(shm, scatter);
-  char* mine = local.out + local.parts.offset[shm.rank()] * local.elem;
   const size_t count = local.parts.length[shm.rank()];
-  if (choose_allreduce(int64_t(count * local.elem), SharedMemory::kNone) == AllreduceAlgorithm::kRing) {
+  if (choose_allreduce(int64_t(count * local.elem), SharedMemory::kNone, false) == AllreduceAlgorithm::kRing) {
     allreduce_ring(across, mine, count, local.elem, reduce);
   } else {
     allreduce_direct(across, mine, count, local.elem, reduce);

@@ -152,7 +152,7 @@ Reducer HostPath::timed_reducer(Reducer reduce) { return timed(std::move(reduce)
 
 Producer HostPath::timed_producer(Producer produce) { return timed(std::move(produce), stats_.cast_ns); }
 
-ShmSum HostPath::timed_reducer(ShmSum sum) { return timed(std::move(sum), stats_.reduce_ns); }
+RankSum HostPath::timed_reducer(RankSum sum) { return timed(std::move(sum), stats_.reduce_ns); }
 
 ShmProduce HostPath::timed_producer(ShmProduce produce) { return timed(std::move(produce), stats_.cast_ns); }
 

@@ -108,7 +108,7 @@ class HostPath final : public c10d::Backend {
   // An algorithm's reducer, timed into reduce_ns; its producer, into cast_ns.
   Reducer timed_reducer(Reducer reduce);
   Producer timed_producer(Producer produce);
-  ShmSum timed_reducer(ShmSum sum);
+  RankSum timed_reducer(RankSum sum);
   ShmProduce timed_producer(ShmProduce produce);
   // The steps of the reductions, shared by their list, tensor and coalesced forms.
   Step allreduce_step(const at::Tensor& tensor, const Plan& plan);

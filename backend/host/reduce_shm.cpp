@@ -2,7 +2,7 @@
 // one part per rank; chunk k takes the k-th piece of every part. Per chunk: every rank writes its
 // contribution to all pieces into its own slot (ShmProducer: the cast happens here, from the
 // caller's tensor, while the slot stays in cache), the owner of part p sums every rank's piece p
-// in rank order (ShmSum) into its result area, and every rank copies the owners' results out.
+// in rank order (RankSum) into its result area, and every rank copies the owners' results out.
 // Small reductions take one chunk in which every rank sums every piece itself: one wait.
 #include <algorithm>
 #include <vector>
@@ -36,7 +36,10 @@ void reduce_shm(ShmComm& shm, const ShmReduction& r) {
       return std::min(chunk, r.parts.length[part] - std::min(first, r.parts.length[part]));
     };
     auto at = [&](char* base, int part) { return base + part * chunk * r.elem; };
-    auto out = [&](int part) { return r.out + (r.parts.offset[part] + first) * r.elem; };
+    auto out = [&](int part) {
+      const size_t index = r.deliver == ShmReduction::kOwn ? first : r.parts.offset[part] + first;
+      return r.out + index * (r.out_elem ? r.out_elem : r.elem);
+    };
     auto sum_piece = [&](int part, uint64_t step, char* dst) {
       for (int q = 0; q < size; ++q) inputs[q] = at(shm.contribution(q, step), part);
       r.sum(inputs.data(), dst, count(part));

@@ -6,14 +6,21 @@
 #include "backend/host/host_path.h"
 #include "backend/host/shm_comm.h"
 #include "backend/host/staging.h"
+#include "backend/host/tags.h"
 
 namespace cnccl::host {
+namespace {
+
+// Where a reduce_scatter with fp32 sums keeps them: after the 16-bit parts, on a cache line.
+size_t sums_offset(size_t wire_bytes) { return (wire_bytes + 63) / 64 * 64; }
+
+}  // namespace
 
 HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& plan) {
   const size_t n = tensor.numel();
   const size_t elem = plan.compress ? 2 : tensor.element_size();
   const at::ScalarType dtype = tensor.scalar_type();
-  const AllreduceAlgorithm algorithm = choose_allreduce(int64_t(n * elem), shared_memory());
+  const AllreduceAlgorithm algorithm = choose_allreduce(int64_t(n * elem), shared_memory(), plan.fp32_sum);
   const bool ring = algorithm == AllreduceAlgorithm::kRing;
   const bool fused = ring && FusedCast::applies(plan, dtype);
   auto src = std::make_shared<at::Tensor>();  // the tensor as one block, from pre on
@@ -34,10 +41,16 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
       const size_t wide = src->element_size();
       ShmReduction local{Parts::even(n, shm_->size()), elem,
                          timed_producer(shm_producer([=](size_t i) { return x + i * wide; }, plan, dtype)),
-                         timed_reducer(shm_sum(plan, dtype, shm_->size())), b.workspace, ShmReduction::kAll};
+                         timed_reducer(rank_sum(plan, dtype, shm_->size())), b.workspace, ShmReduction::kAll};
       if (algorithm == AllreduceAlgorithm::kShm) return reduce_shm(*shm_, local);
       comm_->end();  // the group's signature agreement, before any data moves
       return allreduce_hierarchical(*shm_, *cross_, local, timed_reducer(reducer(plan, dtype)));
+    }
+    if (algorithm == AllreduceAlgorithm::kAlltoall) {
+      const Parts parts = Parts::even(n, size_);
+      reduce_scatter_alltoall(*comm_, b.workspace, parts, elem, timed_reducer(rank_sum(plan, dtype, size_)),
+                              b.workspace + parts.offset[rank_] * elem);
+      return allgather_ring(*comm_, b.workspace, parts, elem, tags::kSecondPhase);
     }
     if (!ring) return allreduce_direct(*comm_, b.workspace, n, elem, timed_reducer(reducer(plan, dtype)));
     if (!fused) return allreduce_ring(*comm_, b.workspace, n, elem, timed_reducer(reducer(plan, dtype)));
@@ -60,12 +73,17 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
   const size_t each = output.numel();
   const size_t elem = plan.compress ? 2 : output.element_size();
   const at::ScalarType dtype = output.scalar_type();
-  const bool on_shm = all_on_shm();
-  const bool fused = !on_shm && FusedCast::applies(plan, dtype);
+  const AllreduceAlgorithm algorithm = choose_reduce_scatter(shared_memory(), plan.fp32_sum);
+  const bool on_shm = algorithm == AllreduceAlgorithm::kShm;
+  const bool fused = algorithm == AllreduceAlgorithm::kRing && FusedCast::applies(plan, dtype);
   const int size = size_;
+  // With fp32 sums the own part's result is fp32, after the 16-bit parts; through shared memory
+  // the own part's result comes first.
+  const size_t sums_at = plan.fp32_sum ? sums_offset(on_shm ? 0 : each * elem * size) : 0;
+  const size_t result_at = plan.fp32_sum ? sums_at : on_shm ? 0 : each * elem * rank_;
   auto srcs = std::make_shared<std::vector<at::Tensor>>();  // the inputs as blocks, from pre on
   Step step;
-  step.workspace_bytes = each * elem * size;
+  step.workspace_bytes = plan.fp32_sum ? sums_at + each * sizeof(float) : each * elem * size;
   step.on_shm = on_shm;
   step.pre = [=](const Buffers& b) {
     for (const auto& in : inputs) srcs->push_back(in.contiguous());
@@ -89,8 +107,13 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
       for (const auto& in : *srcs) x.push_back(static_cast<const char*>(in.const_data_ptr()));
       const size_t wide = output.element_size();
       auto source = [x, each, wide](size_t i) { return x[i / each] + i % each * wide; };
-      return reduce_shm(*shm_, {parts, elem, timed_producer(shm_producer(source, plan, dtype)),
-                                timed_reducer(shm_sum(plan, dtype, size)), b.workspace, ShmReduction::kOwn});
+      const RankSum sum = plan.fp32_sum ? fp32_rank_sum(plan, size) : rank_sum(plan, dtype, size);
+      return reduce_shm(*shm_, {parts, elem, timed_producer(shm_producer(source, plan, dtype)), timed_reducer(sum),
+                                b.workspace + result_at, ShmReduction::kOwn, 0, plan.fp32_sum ? sizeof(float) : 0});
+    }
+    if (algorithm == AllreduceAlgorithm::kAlltoall) {
+      return reduce_scatter_alltoall(*comm_, b.workspace, parts, elem, timed_reducer(fp32_rank_sum(plan, size)),
+                                     b.workspace + result_at);
     }
     if (!fused) return reduce_scatter_ring(*comm_, b.workspace, parts, elem, timed_reducer(reducer(plan, dtype)));
     std::vector<const float*> x;
@@ -100,9 +123,10 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
     reduce_scatter_ring(*comm_, b.workspace, parts, elem, timed_reducer(cast.reducer()),
                         timed_producer(cast.producer()));
   };
-  step.post = [=, rank = rank_](const Buffers& b) {
+  step.post = [=](const Buffers& b) {
     srcs->clear();
-    char* mine = b.workspace + each * elem * rank;
+    char* mine = b.workspace + result_at;
+    if (plan.fp32_sum) return restore_sums_into(reinterpret_cast<const float*>(mine), output, plan);
     if (plan.compress) return restore_into(reinterpret_cast<uint16_t*>(mine), output, plan);
     post_scale(mine, each, dtype, plan);
     unpack(mine, output);
@@ -178,7 +202,7 @@ c10::intrusive_ptr<c10d::Work> HostPath::reduce(std::vector<at::Tensor>& tensors
       auto source = [x, elem](size_t i) { return x + i * elem; };
       return reduce_shm(*shm_, {Parts::even(t.numel(), size_), elem,
                                 timed_producer(shm_producer(source, plan, t.scalar_type())),
-                                timed_reducer(shm_sum(plan, t.scalar_type(), size_)), b.workspace,
+                                timed_reducer(rank_sum(plan, t.scalar_type(), size_)), b.workspace,
                                 ShmReduction::kRoot, root});
     }
     reduce_direct(*comm_, b.workspace, t.numel(), t.element_size(), root,

@@ -81,7 +81,7 @@ ShmProduce shm_producer(std::function<const char*(size_t index)> source, const P
   };
 }
 
-ShmSum shm_sum(const Plan& plan, at::ScalarType dtype, int size) {
+RankSum rank_sum(const Plan& plan, at::ScalarType dtype, int size) {
   if (plan.compress && plan.inner_op == RedOp::SUM) {
     return [wire = plan.wire, size](const char* const* inputs, char* dst, size_t count) {
       compress::sum(reinterpret_cast<const uint16_t* const*>(inputs), size_t(size), reinterpret_cast<uint16_t*>(dst),
@@ -93,6 +93,22 @@ ShmSum shm_sum(const Plan& plan, at::ScalarType dtype, int size) {
     copy_bytes(dst, inputs[0], count * elem);
     for (int q = 1; q < size; ++q) reduce(dst, inputs[q], count);
   };
+}
+
+RankSum fp32_rank_sum(const Plan& plan, int size) {
+  return [wire = plan.wire, size](const char* const* inputs, char* dst, size_t count) {
+    compress::sum(reinterpret_cast<const uint16_t* const*>(inputs), size_t(size), reinterpret_cast<float*>(dst),
+                  count, wire);
+  };
+}
+
+void restore_sums_into(const float* sums, const at::Tensor& dst, const Plan& plan) {
+  if (dst.numel() == 0) return;
+  at::Tensor s = view(reinterpret_cast<char*>(const_cast<float*>(sums)), dst.numel(), at::kFloat);
+  const double scale = double(float(plan.post_scale));
+  at::Tensor out = dst.scalar_type() == at::kFloat ? s : s.to(dst.scalar_type());
+  if (scale != 1.0) out = out.mul(scale);
+  dst.copy_(out.view(dst.sizes()));
 }
 
 bool FusedCast::applies(const Plan& plan, at::ScalarType dtype) {

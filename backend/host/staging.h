@@ -34,9 +34,16 @@ Reducer reducer(const Plan& plan, at::ScalarType dtype);
 // A shared-memory reduction's contribution (ShmReduction::produce): element i comes from source(i)
 // (contiguous within one call), cast with the pre-scale, or copied and scaled uncompressed.
 ShmProduce shm_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype);
-// Its reduction of `size` contributions in rank order: a compressed SUM adds in fp32 and rounds
-// once (compress::sum); anything else folds the plan's reducer over them.
-ShmSum shm_sum(const Plan& plan, at::ScalarType dtype, int size);
+// The reduction of `size` contributions in rank order (shared memory, and the all-to-all
+// reduce-scatter): a compressed SUM adds in fp32 and rounds once (compress::sum); anything else
+// folds the plan's reducer over them.
+RankSum rank_sum(const Plan& plan, at::ScalarType dtype, int size);
+// A compressed SUM of `size` 16-bit contributions in fp32, in rank order, written unrounded as fp32
+// (a reduce_scatter with fp32 sums); restore_sums_into then writes it to the output.
+RankSum fp32_rank_sum(const Plan& plan, int size);
+// dst = sums * post-scale: multiplied in fp32 for an fp32 output; widened, then multiplied in
+// fp64 for an fp64 one (as restore_into treats a 16-bit value).
+void restore_sums_into(const float* sums, const at::Tensor& dst, const Plan& plan);
 
 // The cast folded into a ring's reductions (a compressed fp32 SUM): the wire element at index i
 // comes from source(i). The producer casts the part the ring sends first; the reducer casts

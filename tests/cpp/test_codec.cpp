@@ -265,6 +265,31 @@ TEST_P(Codec, SumAddsInFp32InOrderAndRoundsOnce) {
   }
 }
 
+TEST_P(Codec, WideSumIsTheFp32SumInOrderUnrounded) {
+  std::mt19937 rng(6);
+  for (Wire w : {Wire::kFp16, Wire::kBf16}) {
+    for (size_t k : {size_t(1), size_t(3), size_t(4)}) {
+      for (size_t n : {size_t(0), size_t(7), size_t(9), size_t(1) << 16 | 3}) {
+        std::vector<std::vector<uint16_t>> in(k, std::vector<uint16_t>(n));
+        std::vector<const uint16_t*> ptrs;
+        for (auto& v : in) {
+          for (auto& x : v) x = static_cast<uint16_t>(rng());
+          ptrs.push_back(v.data());
+        }
+        std::vector<float> out(n);
+        sum(ptrs.data(), k, out.data(), n, w);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; ++i) {
+          float acc = oracle_widen(in[0][i], w);
+          for (size_t j = 1; j < k; ++j) acc += oracle_widen(in[j][i], w);
+          bad += std::isnan(acc) ? !std::isnan(out[i]) : bits(out[i]) != bits(acc);
+        }
+        EXPECT_EQ(bad, 0u) << wire_name(w) << " k=" << k << " n=" << n;
+      }
+    }
+  }
+}
+
 TEST_P(Codec, CastAddEqualsCastThenAdd) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> uniform(-70000.0f, 70000.0f);

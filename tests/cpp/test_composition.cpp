@@ -22,15 +22,17 @@ constexpr int kWorld = 4;
 // the tensor's own dtype (one rounding, as one 16-bit add would round), MIN/MAX leave it.
 class NcclLikeEngine : public c10d::Backend {
  public:
-  NcclLikeEngine() : c10d::Backend(0, kWorld) {}
+  explicit NcclLikeEngine(int rank = 0) : c10d::Backend(rank, kWorld) {}
   const std::string getBackendName() const override { return "nccl-like"; }
 
   // What each call received: the tensors' dtypes, and the op.
   std::vector<std::pair<std::vector<at::ScalarType>, RedOp>> calls;
   // The memory every call read or wrote.
   std::vector<const void*> touched;
-  // How often a work's wait() was called (ProcessGroupNCCL's blocks the host with blocking wait).
+  // How often a work's wait() was called (ProcessGroupNCCL's blocks the host with blocking wait),
+  // and its synchronize() (ProcessGroupNCCL's makes the current stream wait, never the host).
   int waits = 0;
+  int stream_waits = 0;
   bool fail_next = false;
 
   // Runs the calls left pending, oldest first, and completes their futures ("late").
@@ -42,6 +44,9 @@ class NcclLikeEngine : public c10d::Backend {
     }
   }
   size_t pending() const { return pending_.size(); }
+  // Device work on the current stream: it runs after every call issued before it, as a kernel
+  // queued behind a stream wait would.
+  void enqueue_on_stream(std::function<void()> run) { pending_.push_back(std::move(run)); }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
@@ -53,6 +58,26 @@ class NcclLikeEngine : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override {
     return allreduce(tensors, opts);
+  }
+
+  // Every peer holds this rank's input, so what each sends this rank is its own part for this rank.
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& out_splits,
+                                               std::vector<int64_t>& in_splits,
+                                               const c10d::AllToAllOptions& opts) override {
+    EXPECT_TRUE(out_splits.empty() && in_splits.empty()) << "equal splits expected";
+    std::vector<at::Tensor> ts{input, output};
+    return issue(ts, RedOp::UNUSED, opts.asyncOp, [output, input, rank = rank_] {
+      const int64_t part = input.numel() / kWorld;
+      for (int q = 0; q < kWorld; ++q) output.narrow(0, q * part, part).copy_(input.narrow(0, rank * part, part));
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override {
+    std::vector<at::Tensor> ts{input, output};
+    return issue(ts, RedOp::UNUSED, opts.asyncOp, [output, input] {
+      for (int q = 0; q < kWorld; ++q) output.narrow(0, q * input.numel(), input.numel()).copy_(input);
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -68,7 +93,9 @@ class NcclLikeEngine : public c10d::Backend {
  private:
   class Work : public c10d::Work {
    public:
-    Work(c10::intrusive_ptr<c10::ivalue::Future> f, int* waits) : future_(std::move(f)), waits_(waits) {}
+    Work(c10::intrusive_ptr<c10::ivalue::Future> f, int* waits, int* stream_waits)
+        : future_(std::move(f)), waits_(waits), stream_waits_(stream_waits) {}
+    void synchronize() override { ++*stream_waits_; }
     bool wait(std::chrono::milliseconds) override {
       ++*waits_;
       future_->wait();
@@ -81,6 +108,7 @@ class NcclLikeEngine : public c10d::Backend {
    private:
     c10::intrusive_ptr<c10::ivalue::Future> future_;
     int* waits_;
+    int* stream_waits_;
   };
 
   static void reduce(const at::Tensor& t, RedOp op) {
@@ -111,7 +139,7 @@ class NcclLikeEngine : public c10d::Backend {
       run();
       future->markCompleted(c10::IValue(tensors));
     });
-    return c10::make_intrusive<Work>(future, &waits);
+    return c10::make_intrusive<Work>(future, &waits, &stream_waits);
   }
 
   std::deque<std::function<void()>> pending_;
@@ -126,10 +154,22 @@ c10d::ReduceOp premul_sum(const at::Tensor& factor) {
 }
 
 // The CPU device, noting which buffers the composition asks it to keep from the allocator until the
-// restores are done (the CUDA device records them on its side stream).
+// restores are done (the CUDA device records them on its side stream). Between engine calls it
+// behaves as the CUDA device does: a stream wait, then work queued behind it.
 class KeepingDevice : public Device {
  public:
+  explicit KeepingDevice(NcclLikeEngine& engine) : engine_(engine) {}
   std::vector<const void*> kept;
+
+  void order_after(const c10::intrusive_ptr<c10d::Work>& work) override {
+    if (work) work->synchronize();
+  }
+  void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan) override {
+    engine_.enqueue_on_stream([cpu = cpu_, rows, wire, plan] { cpu->sum(rows, wire, plan); });
+  }
+  void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) override {
+    cpu_->sum_wide(rows, wide, plan);
+  }
 
   double premul_factor(const c10d::ReduceOp& op) override { return cpu_->premul_factor(op); }
   void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan) override { cpu_->cast(wide, wire, plan); }
@@ -144,14 +184,25 @@ class KeepingDevice : public Device {
   std::function<bool()> done_probe() override { return cpu_->done_probe(); }
 
  private:
+  NcclLikeEngine& engine_;
   std::shared_ptr<Device> cpu_ = make_cpu_device();
 };
 
 class CompositionTest : public ::testing::Test {
  protected:
-  CompositionTest() : engine_(c10::make_intrusive<NcclLikeEngine>()), device_(std::make_shared<KeepingDevice>()) {
+  CompositionTest()
+      : engine_(c10::make_intrusive<NcclLikeEngine>()), device_(std::make_shared<KeepingDevice>(*engine_)) {
     config_.min_bytes = 1024;
     composition_ = std::make_unique<Composition>(Engine{engine_, "nccl-like"}, device_, config_, &stats_, 0, kWorld);
+  }
+
+  // The composition as rank `rank` of a group with accumulate=fp32.
+  void use_fp32_sums(int rank = 0) {
+    config_.accumulate = Accumulate::kFp32;
+    engine_ = c10::make_intrusive<NcclLikeEngine>(rank);
+    device_ = std::make_shared<KeepingDevice>(*engine_);
+    composition_ =
+        std::make_unique<Composition>(Engine{engine_, "nccl-like"}, device_, config_, &stats_, rank, kWorld);
   }
 
   NcclLikeEngine& engine() { return *engine_; }
@@ -329,6 +380,63 @@ TEST_F(CompositionTest, BlockCurrentStreamWaitsForTheRestoreNotTheEngine) {
   auto failed = composition().allreduce(ts2, c10d::AllreduceOptions());
   engine().complete_pending();
   EXPECT_THROW(failed->blockCurrentStream(), c10::DistBackendError);
+}
+
+TEST_F(CompositionTest, Fp32SumsGoToTheOwnersAndBackWithoutTheHostWaiting) {
+  use_fp32_sums(/*rank=*/1);
+  const at::Tensor x = values(4097);  // not a multiple of the world size: the last part is padded
+  for (RedOp op : {RedOp::SUM, RedOp::AVG}) {
+    engine().calls.clear();
+    engine().waits = 0;
+    std::vector<at::Tensor> ts{x.clone()};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp(op);
+    auto work = composition().allreduce(ts, opts);
+    ASSERT_EQ(engine().calls.size(), 2u) << "an all-to-all to the owners, then an allgather";
+    EXPECT_EQ(engine().calls[0].first, (std::vector<at::ScalarType>{at::kHalf, at::kHalf}));
+    EXPECT_EQ(engine().waits, 0) << "the host never waits between the two";
+    EXPECT_GE(engine().stream_waits, 1) << "the sum waits on the all-to-all on the stream";
+    EXPECT_TRUE(at::equal(ts[0], x)) << "the tensor changed before the engine finished";
+    engine().complete_pending();
+    work->wait();
+    // kWorld equal rows summed in fp32 and rounded once: the same bits as one 16-bit multiply.
+    // This double's allgather can only give back this rank's own part, so that part is checked
+    // here; tests/python/test_accumulate.py checks every part over gloo at 2-4 ranks.
+    const int64_t part = (x.numel() + kWorld - 1) / kWorld;
+    const at::Tensor want = expected_sum(x, op == RedOp::AVG ? 1.0 / kWorld : 1.0, 1.0);
+    EXPECT_TRUE(at::equal(ts[0].narrow(0, part, part), want.narrow(0, part, part))) << op_name(op);
+  }
+}
+
+TEST_F(CompositionTest, Fp32SumsReduceScatterNeverRoundsTheSumTo16Bits) {
+  use_fp32_sums(/*rank=*/2);
+  // 30000 is exact in fp16; four of them (120000) are not representable there (fp16 overflows
+  // above 65504), but are in fp32.
+  at::Tensor in = at::full({4 * 1000}, 30000.0f);
+  in.narrow(0, 2 * 1000, 1000).copy_(values(1000));  // rank 2's own part
+  at::Tensor out = at::empty({1000});
+  auto work = composition().reduce_scatter_tensor(out, in, c10d::ReduceScatterOptions());
+  EXPECT_EQ(engine().calls.at(0).second, RedOp::UNUSED) << "an all-to-all, not a reduce-scatter";
+  engine().complete_pending();
+  work->wait();
+  const at::Tensor own = values(1000).to(at::kHalf).to(at::kFloat);
+  EXPECT_TRUE(at::equal(out, own * kWorld));
+  at::Tensor big = at::full({4 * 1000}, 30000.0f);
+  auto work2 = composition().reduce_scatter_tensor(out, big, c10d::ReduceScatterOptions());
+  engine().complete_pending();
+  work2->wait();
+  EXPECT_TRUE(at::equal(out, at::full({1000}, 120000.0f))) << out[0].item<float>();
+}
+
+TEST_F(CompositionTest, Fp32SumsFailureOfTheAllToAllFailsTheWorkAndLeavesTheTensor) {
+  use_fp32_sums();
+  const at::Tensor x = values(4096);
+  std::vector<at::Tensor> ts{x.clone()};
+  engine().fail_next = true;  // the all-to-all
+  auto work = composition().allreduce(ts, c10d::AllreduceOptions());
+  engine().complete_pending();
+  EXPECT_THROW(work->wait(), c10::DistBackendError);
+  EXPECT_TRUE(at::equal(ts[0], x)) << "a failed collective wrote into the caller's tensor";
 }
 
 }  // namespace

@@ -112,16 +112,42 @@ TEST(Policy, TrafficIsTwoBytesAnElementWhenCompressed) {
 }
 
 TEST(Policy, DirectAllreduceUpToItsThresholdThenRing) {
-  EXPECT_EQ(choose_allreduce(0, SharedMemory::kNone), AllreduceAlgorithm::kDirect);
-  EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes, SharedMemory::kNone), AllreduceAlgorithm::kDirect);
-  EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes + 1, SharedMemory::kNone), AllreduceAlgorithm::kRing);
+  EXPECT_EQ(choose_allreduce(0, SharedMemory::kNone, false), AllreduceAlgorithm::kDirect);
+  EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes, SharedMemory::kNone, false), AllreduceAlgorithm::kDirect);
+  EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes + 1, SharedMemory::kNone, false), AllreduceAlgorithm::kRing);
+  EXPECT_EQ(choose_reduce_scatter(SharedMemory::kNone, false), AllreduceAlgorithm::kRing);
 }
 
 TEST(Policy, SharedMemoryTakesEverySize) {
   for (int64_t bytes : {int64_t{0}, kDirectAllreduceMaxBytes + 1}) {
-    EXPECT_EQ(choose_allreduce(bytes, SharedMemory::kOneHost), AllreduceAlgorithm::kShm);
-    EXPECT_EQ(choose_allreduce(bytes, SharedMemory::kPerHost), AllreduceAlgorithm::kHierarchical);
+    for (bool fp32_sum : {false, true}) {
+      EXPECT_EQ(choose_allreduce(bytes, SharedMemory::kOneHost, fp32_sum), AllreduceAlgorithm::kShm);
+    }
+    EXPECT_EQ(choose_allreduce(bytes, SharedMemory::kPerHost, false), AllreduceAlgorithm::kHierarchical);
   }
+  EXPECT_EQ(choose_reduce_scatter(SharedMemory::kOneHost, true), AllreduceAlgorithm::kShm);
+}
+
+// fp32 sums need every contribution at the part's owner: never a ring, never 16-bit adds across hosts.
+TEST(Policy, Fp32SumsGoAllToAllOffOneHost) {
+  for (int64_t bytes : {int64_t{0}, kDirectAllreduceMaxBytes + 1}) {
+    EXPECT_EQ(choose_allreduce(bytes, SharedMemory::kNone, true), AllreduceAlgorithm::kAlltoall);
+    EXPECT_EQ(choose_allreduce(bytes, SharedMemory::kPerHost, true), AllreduceAlgorithm::kAlltoall);
+  }
+  EXPECT_EQ(choose_reduce_scatter(SharedMemory::kNone, true), AllreduceAlgorithm::kAlltoall);
+  EXPECT_EQ(choose_reduce_scatter(SharedMemory::kPerHost, true), AllreduceAlgorithm::kAlltoall);
+}
+
+TEST(Policy, Fp32SumsOnlyForCompressedSums) {
+  Config fp32;
+  fp32.accumulate = Accumulate::kFp32;
+  for (RedOp op : {RedOp::SUM, RedOp::AVG, RedOp::PREMUL_SUM}) {
+    EXPECT_TRUE(plan_reduction(fp32, at::kFloat, 1 << 20, op, 0.5, 4).fp32_sum) << op_name(op);
+  }
+  EXPECT_FALSE(plan_reduction(fp32, at::kFloat, 1 << 20, RedOp::MAX, 1.0, 4).fp32_sum);
+  EXPECT_FALSE(plan_reduction(fp32, at::kInt, 1 << 20, RedOp::SUM, 1.0, 4).fp32_sum);
+  EXPECT_FALSE(plan_reduction(fp32, at::kFloat, 16, RedOp::SUM, 1.0, 4).fp32_sum);  // under min_bytes
+  EXPECT_FALSE(plan_reduction(Config{}, at::kFloat, 1 << 20, RedOp::SUM, 1.0, 4).fp32_sum);
 }
 
 TEST(Policy, Bf16WireNeedsNccl210) {
@@ -161,6 +187,24 @@ TEST(Options, EnvironmentThenOptionsWithClearErrors) {
   ::unsetenv("CNCCL_WIRE_DTYPE");
   EXPECT_EQ(Options().resolve().wire_name(), "fp16");
   EXPECT_EQ(Options().resolve().min_bytes, 65536);
+}
+
+TEST(Options, AccumulateFromEnvironmentOrField) {
+  EXPECT_EQ(Options().resolve().accumulate, Accumulate::kWire);
+  ::setenv("CNCCL_ACCUMULATE", "FP32", 1);
+  Options o;
+  EXPECT_EQ(o.resolve().accumulate, Accumulate::kFp32);
+  o.accumulate = "wire";
+  EXPECT_EQ(o.resolve().accumulate, Accumulate::kWire);
+  o.accumulate = "fp64";
+  try {
+    o.resolve();
+    FAIL() << "no error for accumulate=fp64";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("Options.accumulate='fp64'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("wire, fp32"), std::string::npos);
+  }
+  ::unsetenv("CNCCL_ACCUMULATE");
 }
 
 }  // namespace

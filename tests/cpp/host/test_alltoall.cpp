@@ -1,9 +1,14 @@
 // alltoall_direct (backend/host/alltoall_direct.cpp) over the in-memory transport, with uneven
 // and zero-length splits; and a size disagreement, which must fail naming it, not truncate.
+// reduce_scatter_alltoall (reduce_scatter_alltoall.cpp): every contribution reaches its owner in
+// rank order, whatever order the messages arrive in.
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 #include "backend/host/algorithms.h"
 #include "memory_transport.h"
+#include "values.h"
 
 namespace cnccl::host::testing {
 namespace {
@@ -37,6 +42,40 @@ TEST(AlltoallAlgorithm, EveryRankReceivesWhatEachPeerSentIt) {
       for (int peer = 0; peer < size; ++peer) {
         for (size_t i = 0; i < length(peer, r); ++i) {
           ASSERT_EQ(received[r][recv_offsets[r][peer] + i], byte(peer, r, i)) << "size " << size << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(AlltoallAlgorithm, ReduceScatterHandsTheOwnerEveryContributionInRankOrder) {
+  for (int size : world_sizes()) {
+    for (size_t count : counts()) {
+      const Parts parts = Parts::even(count, size);
+      std::vector<std::vector<int32_t>> data(size);
+      std::vector<int> order_ok(size, 0);
+      expect_no_errors(on_ranks(size, [&](Comm& comm) {
+        const int r = comm.rank();
+        auto& mine = data[r] = contribution(r, count);
+        // Records whether input q holds rank q's values, then sums in place into the own part.
+        auto sum = [&, r](const char* const* in, char* dst, size_t n) {
+          bool ok = true;
+          for (int q = 0; q < size; ++q) {
+            const auto* v = reinterpret_cast<const int32_t*>(in[q]);
+            for (size_t j = 0; j < n; ++j) ok = ok && v[j] == value(q, parts.offset[r] + j);
+          }
+          order_ok[r] = ok;
+          std::vector<int32_t> acc(n, 0);
+          for (int q = 0; q < size; ++q) add_int32(acc.data(), in[q], n);
+          std::memcpy(dst, acc.data(), n * 4);
+        };
+        char* base = reinterpret_cast<char*>(mine.data());
+        reduce_scatter_alltoall(comm, base, parts, 4, sum, base + parts.offset[r] * 4);
+      }));
+      for (int r = 0; r < size; ++r) {
+        EXPECT_TRUE(order_ok[r]) << "size " << size << " count " << count << " rank " << r;
+        for (size_t i = parts.offset[r]; i < parts.offset[r] + parts.length[r]; ++i) {
+          ASSERT_EQ(data[r][i], sum_over_ranks(size, i)) << "size " << size << " count " << count << " rank " << r;
         }
       }
     }

@@ -1,0 +1,182 @@
+"""accumulate=fp32 (docs/design.md, "Numerics"), at 2, 3 and 4 ranks, on every CPU engine: through
+shared memory, over UCX alone (an all-to-all to each part's owner, then an allgather) and over gloo
+(the composed path: the same all-to-all and allgather as on NCCL). What it computes, bit for bit,
+against an emulation written here with plain torch: each rank's value scaled in fp32 and cast to the
+wire type; every rank's 16-bit value added in fp32 in rank order; an allreduce rounds that sum once
+to the wire type and restores it, a reduce_scatter writes the fp32 sum itself, never rounded to 16
+bits. At two ranks the allreduce equals the wire path's; at four the wire path's 16-bit adds are
+further from the exact sum."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import cnccl
+from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, cached_job, check_case, engine_env, gloo_group
+
+R = dist.ReduceOp
+WIRES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# One element; a size every world divides; one no world here divides (the last part is short, or
+# padded on the composed path); and a bandwidth-bound size.
+SIZES = [1, 5_040, 100_003, 1_000_003]
+
+case = Cases()
+
+
+class Context:
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+        engine = os.environ.get("CNCCL_CPU_ENGINE")
+        self.engine = "gloo" if engine == "gloo" else "shm" if os.environ.get("CNCCL_SHM") == "on" else "ucx"
+        self.gloo = gloo_group()
+
+        def group(wire, accumulate):
+            return dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT,
+                                  pg_options=cnccl.Options(wire_dtype=wire, min_bytes=0, accumulate=accumulate))
+
+        self.fp32 = {w: group(w, "fp32") for w in WIRES}
+        self.wire = {w: group(w, "wire") for w in WIRES}
+        self.gen = torch.Generator().manual_seed(31 + rank)
+
+    def gaussian(self, n):
+        # Magnitudes from 1e-4 to 1e4, drawn per rank: at one index the ranks' values differ by up to
+        # 2^26, so their fp32 sum depends on the order of its adds (and 16-bit adds round).
+        magnitude = torch.pow(10.0, torch.empty(n).uniform_(-4, 4, generator=self.gen))
+        return torch.randn(n, generator=self.gen) * magnitude
+
+    def all_inputs(self, t):
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(out, t, group=self.gloo)
+        return out
+
+
+def fp32_sum(inputs, wire, pre):
+    """Each rank's cast(x * pre), added in fp32 in rank order (unrounded)."""
+    w = WIRES[wire]
+    acc = (inputs[0] * pre).to(w).float()
+    for x in inputs[1:]:
+        acc = acc + (x * pre).to(w).float()
+    return acc
+
+
+def pre_scale(op, world):
+    # Where cnccl applies the scales (docs/design.md): AVG divides before the cast.
+    return 1.0 / world if op == R.AVG else 1.0
+
+
+def first_difference(got, want):
+    bad = (got != want).nonzero()
+    return None if bad.numel() == 0 else f"{bad.numel()} elements differ, first at {bad[0].item()}: " \
+                                         f"{got[bad[0]].item()!r} != {want[bad[0]].item()!r}"
+
+
+@case
+def the_groups_report_their_accumulation(ctx):
+    for w in WIRES:
+        assert cnccl.config(ctx.fp32[w])["accumulate"] == "fp32", cnccl.config(ctx.fp32[w])
+        assert cnccl.config(ctx.wire[w])["accumulate"] == "wire", cnccl.config(ctx.wire[w])
+
+
+@case
+def allreduce_is_the_fp32_sum_in_rank_order_rounded_once(ctx):
+    for wire, w in WIRES.items():
+        for op in (R.SUM, R.AVG):
+            for n in SIZES:
+                x = ctx.gaussian(n)
+                want = fp32_sum(ctx.all_inputs(x), wire, pre_scale(op, ctx.world)).to(w).float()
+                t = x.clone()
+                dist.all_reduce(t, op=op, group=ctx.fp32[wire])
+                problem = first_difference(t, want)
+                assert problem is None, f"{wire} {op} n={n}: {problem}"
+
+
+@case
+def coalesced_allreduce_sums_each_tensor_the_same_way(ctx):
+    xs = [ctx.gaussian(n) for n in (100_003, 7, 4_000)]
+    wants = [fp32_sum(ctx.all_inputs(x), "bf16", 1.0).to(torch.bfloat16).float() for x in xs]
+    ts = [x.clone() for x in xs]
+    dist.all_reduce_coalesced(ts, group=ctx.fp32["bf16"])
+    for i, (t, want) in enumerate(zip(ts, wants)):
+        assert torch.equal(t, want), f"tensor {i}: {first_difference(t, want)}"
+
+
+@case
+def reduce_scatter_writes_the_fp32_sum_unrounded(ctx):
+    for wire in WIRES:
+        for op in (R.SUM, R.AVG):
+            for n in SIZES[:3]:
+                x = ctx.gaussian(n * ctx.world)
+                parts = [v.chunk(ctx.world)[ctx.rank] for v in ctx.all_inputs(x)]
+                want = fp32_sum(parts, wire, pre_scale(op, ctx.world))
+                out = torch.empty(n)
+                dist.reduce_scatter_tensor(out, x, op=op, group=ctx.fp32[wire])
+                problem = first_difference(out, want)
+                assert problem is None, f"reduce_scatter_tensor {wire} {op} n={n}: {problem}"
+                listed = torch.empty(n)
+                dist.reduce_scatter(listed, list(x.chunk(ctx.world)), op=op, group=ctx.fp32[wire])
+                assert torch.equal(listed, want), f"reduce_scatter {wire} {op} n={n}"
+    # Past fp16's largest value (65504) the sum is still exact: it is never rounded to 16 bits.
+    out = torch.empty(1000)
+    dist.reduce_scatter_tensor(out, torch.full((1000 * ctx.world,), 40000.0), group=ctx.fp32["fp16"])
+    assert torch.equal(out, torch.full_like(out, 40000.0 * ctx.world)), out[:3]
+
+
+@case
+def every_rank_holds_the_same_bytes(ctx):
+    x = ctx.gaussian(1_000_003)
+    for wire in WIRES:
+        t = x.clone()
+        dist.all_reduce(t, group=ctx.fp32[wire])
+        for r, other in enumerate(ctx.all_inputs(t)):
+            assert torch.equal(other.view(torch.int32), t.view(torch.int32)), f"{wire}: rank {r} differs"
+
+
+@case
+def two_ranks_equal_the_wire_path_and_four_are_closer_to_the_exact_sum(ctx):
+    """At two ranks one fp32 add rounded once is the 16-bit add (docs/design.md). At four, 16-bit
+    adds round at every hop: further from the exact sum on the same inputs (the negative control),
+    except through shared memory, whose wire path already sums in fp32."""
+    n = 1_000_003
+    x = torch.randn(n, generator=ctx.gen)
+    exact = sum(v.double() for v in ctx.all_inputs(x))
+    for wire in WIRES:
+        ours, theirs = x.clone(), x.clone()
+        dist.all_reduce(ours, group=ctx.fp32[wire])
+        dist.all_reduce(theirs, group=ctx.wire[wire])
+        if ctx.world == 2 or ctx.engine == "shm":
+            assert torch.equal(ours, theirs), f"{wire}: {first_difference(ours, theirs)}"
+            continue
+        err_fp32 = ((ours.double() - exact).norm() / exact.norm()).item()
+        err_wire = ((theirs.double() - exact).norm() / exact.norm()).item()
+        if ctx.world == 4:
+            # The issue's goal is 0.8; the simulation there gives 0.76 (fp16) and 0.75 (bf16).
+            assert err_fp32 <= 0.8 * err_wire, f"{wire}: fp32 {err_fp32:.3g} vs wire {err_wire:.3g}"
+        else:
+            assert err_fp32 < err_wire, f"{wire}: fp32 {err_fp32:.3g} vs wire {err_wire:.3g}"
+
+
+@case
+def bytes_sent_are_a_rings(ctx):
+    """An all-to-all of the 16-bit parts and their allgather: 2(n-1)/n of the 16-bit tensor per rank,
+    as a ring; through shared memory each rank publishes its contributions and its part's result."""
+    g = ctx.fp32["fp16"]
+    n = 1 << 20
+    before = cnccl.stats(g)
+    dist.all_reduce(torch.ones(n), group=g)
+    after = cnccl.stats(g)
+    assert after["bytes_sent"] - before["bytes_sent"] == 2 * n
+    if ctx.engine == "gloo":
+        return  # gloo does not report its transport's bytes
+    sent = after["transport_bytes_sent"] - before["transport_bytes_sent"]
+    per_element = 2 if ctx.engine == "shm" else 2 * 2 * (ctx.world - 1) / ctx.world
+    headers, uneven = 2 * 256, 64
+    assert per_element * n <= sent <= per_element * n + headers + uneven, f"sent {sent}, expected {per_element * n}"
+
+
+@pytest.mark.parametrize("engine", CPU_ENGINES)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("name", case.names())
+def test_accumulate(name, world_size, engine):
+    check_case(cached_job(__name__, world_size, env=engine_env(engine)), name, world_size, case)
