@@ -75,5 +75,37 @@ TEST_F(CudaCodec, CastMatchesCpuForAlignedAndUnalignedBuffers) {
   }
 }
 
+TEST_F(CudaCodec, SumsMatchCpuRoundedOnceAndWide) {
+  std::mt19937 rng(6);
+  const size_t n = (size_t(1) << 18) + 3, stride = n + 5;
+  for (Wire w : {Wire::kFp16, Wire::kBf16}) {
+    for (size_t k : {size_t(1), size_t(2), size_t(5)}) {
+      std::vector<uint16_t> rows(k * stride);
+      for (auto& x : rows) x = static_cast<uint16_t>(rng());
+      std::vector<const uint16_t*> ptrs;
+      for (size_t j = 0; j < k; ++j) ptrs.push_back(rows.data() + j * stride);
+      std::vector<uint16_t> want16(n), got16(n);
+      std::vector<float> want32(n), got32(n);
+      sum(ptrs.data(), k, want16.data(), n, w);
+      sum(ptrs.data(), k, want32.data(), n, w);
+      DeviceBuffer<uint16_t> d_rows(rows.size());
+      DeviceBuffer<uint16_t> d16(n);
+      DeviceBuffer<float> d32(n);
+      cudaMemcpy(d_rows.ptr, rows.data(), rows.size() * 2, cudaMemcpyHostToDevice);
+      cuda::sum(d_rows.ptr, k, stride, d16.ptr, n, w, nullptr);
+      cuda::sum(d_rows.ptr, k, stride, d32.ptr, n, 1.0f, w, nullptr);
+      cudaMemcpy(got16.data(), d16.ptr, n * 2, cudaMemcpyDeviceToHost);
+      cudaMemcpy(got32.data(), d32.ptr, n * 4, cudaMemcpyDeviceToHost);
+      size_t bad = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const bool nan_w = (want16[i] & 0x7FFF) > (w == Wire::kFp16 ? 0x7C00 : 0x7F80);
+        bad += nan_w ? (got16[i] & 0x7FFF) <= (w == Wire::kFp16 ? 0x7C00 : 0x7F80) : got16[i] != want16[i];
+        bad += want32[i] != want32[i] ? got32[i] == got32[i] : std::memcmp(&got32[i], &want32[i], 4) != 0;
+      }
+      EXPECT_EQ(bad, 0u) << wire_name(w) << " k=" << k;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cnccl::compress

@@ -59,6 +59,10 @@ class Context:
             "default": (dist.group.WORLD, torch.float16, False, 65536),
             "fp64": (dist.new_group(backend="cnccl", pg_options=cnccl.Options(compress_fp64=True, min_bytes=0)),
                      torch.float16, True, 0),
+            # fp32 sums: an all-to-all, the sum kernel and an allgather (reduce_scatter: the all-to-all
+            # and the sum as its restore). One rank's sum is its own 16-bit value: the wire's result.
+            "fp16-acc32": (dist.new_group(backend="cnccl", pg_options=cnccl.Options(
+                wire_dtype="fp16", min_bytes=0, accumulate="fp32")), torch.float16, False, 0),
         }
         self.nccl = dist.new_group(backend=NCCL)
         self.gloo = gloo_group()
