@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import cnccl
 from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, cached_job, check_case, engine_env, gloo_group
+from wire_formats import mixed_magnitudes, rank_order_sum
 
 R = dist.ReduceOp
 WIRES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -41,24 +42,12 @@ class Context:
         self.gen = torch.Generator().manual_seed(31 + rank)
 
     def gaussian(self, n):
-        # Magnitudes from 1e-4 to 1e4, drawn per rank: at one index the ranks' values differ by up to
-        # 2^26, so their fp32 sum depends on the order of its adds (and 16-bit adds round).
-        magnitude = torch.pow(10.0, torch.empty(n).uniform_(-4, 4, generator=self.gen))
-        return torch.randn(n, generator=self.gen) * magnitude
+        return mixed_magnitudes(self.gen, n, 4)
 
     def all_inputs(self, t):
         out = [torch.empty_like(t) for _ in range(self.world)]
         dist.all_gather(out, t, group=self.gloo)
         return out
-
-
-def fp32_sum(inputs, wire, pre):
-    """Each rank's cast(x * pre), added in fp32 in rank order (unrounded)."""
-    w = WIRES[wire]
-    acc = (inputs[0] * pre).to(w).float()
-    for x in inputs[1:]:
-        acc = acc + (x * pre).to(w).float()
-    return acc
 
 
 def pre_scale(op, world):
@@ -85,7 +74,7 @@ def allreduce_is_the_fp32_sum_in_rank_order_rounded_once(ctx):
         for op in (R.SUM, R.AVG):
             for n in SIZES:
                 x = ctx.gaussian(n)
-                want = fp32_sum(ctx.all_inputs(x), wire, pre_scale(op, ctx.world)).to(w).float()
+                want = rank_order_sum(ctx.all_inputs(x), wire, pre_scale(op, ctx.world)).to(w).float()
                 t = x.clone()
                 dist.all_reduce(t, op=op, group=ctx.fp32[wire])
                 problem = first_difference(t, want)
@@ -95,7 +84,7 @@ def allreduce_is_the_fp32_sum_in_rank_order_rounded_once(ctx):
 @case
 def coalesced_allreduce_sums_each_tensor_the_same_way(ctx):
     xs = [ctx.gaussian(n) for n in (100_003, 7, 4_000)]
-    wants = [fp32_sum(ctx.all_inputs(x), "bf16", 1.0).to(torch.bfloat16).float() for x in xs]
+    wants = [rank_order_sum(ctx.all_inputs(x), "bf16", 1.0).to(torch.bfloat16).float() for x in xs]
     ts = [x.clone() for x in xs]
     dist.all_reduce_coalesced(ts, group=ctx.fp32["bf16"])
     for i, (t, want) in enumerate(zip(ts, wants)):
@@ -109,7 +98,7 @@ def reduce_scatter_writes_the_fp32_sum_unrounded(ctx):
             for n in SIZES[:3]:
                 x = ctx.gaussian(n * ctx.world)
                 parts = [v.chunk(ctx.world)[ctx.rank] for v in ctx.all_inputs(x)]
-                want = fp32_sum(parts, wire, pre_scale(op, ctx.world))
+                want = rank_order_sum(parts, wire, pre_scale(op, ctx.world))
                 out = torch.empty(n)
                 dist.reduce_scatter_tensor(out, x, op=op, group=ctx.fp32[wire])
                 problem = first_difference(out, want)

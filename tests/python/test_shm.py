@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import cnccl
 from harness import CASE_TIMEOUT, Cases, cached_job, check_case, engine_env, gloo_group, separate_hosts_unavailable
+from wire_formats import mixed_magnitudes, rank_order_sum
 
 R = dist.ReduceOp
 WIRES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -32,13 +33,12 @@ class Context:
                                          pg_options=cnccl.Options(wire_dtype=w, min_bytes=0)) for w in WIRES}
         self.groups["none"] = dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT,
                                              pg_options=cnccl.Options(wire_dtype="none"))
+        self.fp32_sums = dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT,
+                                        pg_options=cnccl.Options(wire_dtype="bf16", min_bytes=0, accumulate="fp32"))
         self.gen = torch.Generator().manual_seed(77 + rank)
 
     def gaussian(self, n):
-        # Magnitudes from 1e-3 to 1e3, drawn per rank: at one index the ranks' values differ by up to
-        # 2^20, so their fp32 sum depends on the order of its adds (and 16-bit adds round).
-        magnitude = torch.pow(10.0, torch.empty(n).uniform_(-3, 3, generator=self.gen))
-        return torch.randn(n, generator=self.gen) * magnitude
+        return mixed_magnitudes(self.gen, n, 3)
 
     def all_inputs(self, t):
         out = [torch.empty_like(t) for _ in range(self.world)]
@@ -48,11 +48,7 @@ class Context:
 
 def emulate_sum(inputs, wire, pre, post):
     """cast(x * pre) per rank, an fp32 sum in rank order, one rounding, widened, times post."""
-    w = WIRES[wire]
-    acc = (inputs[0] * pre).to(w).float()
-    for x in inputs[1:]:
-        acc = acc + (x * pre).to(w).float()
-    return acc.to(w).float() * post
+    return rank_order_sum(inputs, wire, pre).to(WIRES[wire]).float() * post
 
 
 def scales(op, world):
@@ -176,6 +172,18 @@ def allreduce_sums_inside_each_host_then_across(ctx):
                 t = x.clone()
                 dist.all_reduce(t, op=op, group=ctx.groups[wire])
                 assert torch.equal(t, want), f"{wire} {op} n={n}"
+
+
+@hosts
+def fp32_sums_across_hosts_are_one_rank_order_sum(ctx):
+    # Not hierarchical: the hosts' 16-bit sums would be added in 16 bits. Every contribution goes to
+    # its part's owner, whichever host it is on.
+    for n in SIZES:
+        x = ctx.gaussian(n)
+        want = emulate_sum(ctx.all_inputs(x), "bf16", 1.0, 1.0)
+        t = x.clone()
+        dist.all_reduce(t, group=ctx.fp32_sums)
+        assert torch.equal(t, want), f"n={n}"
 
 
 @hosts
