@@ -55,6 +55,22 @@ Accumulate parse_accumulate(const std::string& value, const char* source) {
   TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: wire, fp32");
 }
 
+Rounding parse_rounding(const std::string& value, const char* source) {
+  const std::string v = lower(value);
+  if (v == "rne") return Rounding::kNearest;
+  if (v == "sr") return Rounding::kStochastic;
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: rne, sr");
+}
+
+uint64_t parse_seed(const std::string& value, const char* source) {
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(value.c_str(), &end, 0);
+  TORCH_CHECK_VALUE(!value.empty() && end && *end == '\0' && errno == 0, "cnccl: ", source, "='", value,
+                    "' is not valid; allowed: an integer");
+  return static_cast<uint64_t>(n);
+}
+
 int64_t parse_bytes(const std::string& value, const char* source) {
   char* end = nullptr;
   errno = 0;
@@ -86,6 +102,8 @@ Config Options::resolve() const {
   if (auto v = env("CNCCL_CPU_ENGINE")) c.cpu_engine = parse_cpu_engine(*v, "CNCCL_CPU_ENGINE");
   if (auto v = env("CNCCL_SHM")) c.shm = parse_shm(*v, "CNCCL_SHM");
   if (auto v = env("CNCCL_ACCUMULATE")) c.accumulate = parse_accumulate(*v, "CNCCL_ACCUMULATE");
+  if (auto v = env("CNCCL_ROUNDING")) c.rounding = parse_rounding(*v, "CNCCL_ROUNDING");
+  if (auto v = env("CNCCL_SR_SEED")) c.sr_seed = parse_seed(*v, "CNCCL_SR_SEED");
   if (wire_dtype) c.wire = parse_wire(*wire_dtype, "Options.wire_dtype");
   if (min_bytes) {
     TORCH_CHECK_VALUE(*min_bytes >= 0, "cnccl: Options.min_bytes=", *min_bytes,
@@ -97,6 +115,14 @@ Config Options::resolve() const {
   if (cpu_engine) c.cpu_engine = parse_cpu_engine(*cpu_engine, "Options.cpu_engine");
   if (shm) c.shm = parse_shm(*shm, "Options.shm");
   if (accumulate) c.accumulate = parse_accumulate(*accumulate, "Options.accumulate");
+  if (rounding) c.rounding = parse_rounding(*rounding, "Options.rounding");
+  if (sr_seed) c.sr_seed = static_cast<uint64_t>(*sr_seed);
+  // With wire accumulation the engine's own 16-bit adds round to nearest: only the casts could be
+  // stochastic, which is not what `sr` promises.
+  TORCH_CHECK_VALUE(c.rounding != Rounding::kStochastic || c.accumulate == Accumulate::kFp32,
+                    "cnccl: rounding=sr (CNCCL_ROUNDING / Options.rounding) needs accumulate=fp32 "
+                    "(CNCCL_ACCUMULATE / Options.accumulate): with accumulate=wire the engine's 16-bit adds "
+                    "round to nearest");
   return c;
 }
 

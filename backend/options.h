@@ -21,6 +21,9 @@ enum class ShmMode : uint8_t { kAuto, kOn, kOff };
 // How a compressed sum adds (docs/design.md, "Numerics"): in the wire type in whatever order the
 // engine takes (a ring rounds every hop), or in fp32 in rank order with one rounding.
 enum class Accumulate : uint8_t { kWire, kFp32 };
+// How a value is rounded to the wire: to nearest (ties to even), or stochastically with Philox
+// bits (compress/stochastic.h; needs accumulate=fp32, where cnccl does every rounding itself).
+enum class Rounding : uint8_t { kNearest, kStochastic };
 
 // The settings a group runs with, after defaults, environment and Options are combined.
 struct Config {
@@ -31,11 +34,14 @@ struct Config {
   CpuEngine cpu_engine = CpuEngine::kUcx;
   ShmMode shm = ShmMode::kAuto;
   Accumulate accumulate = Accumulate::kWire;
+  Rounding rounding = Rounding::kNearest;
+  uint64_t sr_seed = 0;
 
   std::string wire_name() const { return wire ? compress::wire_name(*wire) : "none"; }
   const char* cpu_engine_name() const { return cpu_engine == CpuEngine::kGloo ? "gloo" : "ucx"; }
   const char* shm_name() const { return shm == ShmMode::kOn ? "on" : shm == ShmMode::kOff ? "off" : "auto"; }
   const char* accumulate_name() const { return accumulate == Accumulate::kFp32 ? "fp32" : "wire"; }
+  const char* rounding_name() const { return rounding == Rounding::kStochastic ? "sr" : "rne"; }
 };
 
 struct Options : c10d::Backend::Options {
@@ -48,6 +54,8 @@ struct Options : c10d::Backend::Options {
   std::optional<std::string> cpu_engine;   // ucx | gloo
   std::optional<std::string> shm;          // auto | on | off
   std::optional<std::string> accumulate;   // wire | fp32
+  std::optional<std::string> rounding;     // rne | sr
+  std::optional<int64_t> sr_seed;          // any integer (its 64 bits key Philox)
 
   // Overrides Backend::Options::clone() where the torch version has it (keeps the subclass).
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const;

@@ -88,6 +88,8 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
     plan.post_scale = world_size;
   }
   plan.fp32_sum = plan.compress && sum_like && config.accumulate == Accumulate::kFp32;
+  plan.stochastic = plan.fp32_sum && config.rounding == Rounding::kStochastic;
+  plan.sr_seed = config.sr_seed;
   return plan;
 }
 

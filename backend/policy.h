@@ -26,6 +26,9 @@ struct Plan {
   // Compressed SUM with accumulate=fp32: the owner of each part sums every rank's 16-bit
   // contribution in fp32 in rank order and rounds once (allreduce) or not at all (reduce_scatter).
   bool fp32_sum = false;
+  // fp32_sum with rounding=sr: the casts and the owner's rounding are stochastic, keyed by sr_seed.
+  bool stochastic = false;
+  uint64_t sr_seed = 0;
 };
 
 // What a collective puts on the wire for one tensor, as cnccl.stats() counts it.

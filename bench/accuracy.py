@@ -28,6 +28,8 @@ CNCCL_RUNS = {  # name -> cnccl.Options fields
     "cnccl fp16, accumulate=fp32": {"wire_dtype": "fp16", "accumulate": "fp32"},
     "cnccl bf16": {"wire_dtype": "bf16"},
     "cnccl bf16, accumulate=fp32": {"wire_dtype": "bf16", "accumulate": "fp32"},
+    "cnccl fp16, accumulate=fp32, sr": {"wire_dtype": "fp16", "accumulate": "fp32", "rounding": "sr"},
+    "cnccl bf16, accumulate=fp32, sr": {"wire_dtype": "bf16", "accumulate": "fp32", "rounding": "sr"},
 }
 HOOKS = {"gloo + fp16_compress_hook": default_hooks.fp16_compress_hook,
          "gloo + bf16_compress_hook": default_hooks.bf16_compress_hook}
@@ -100,10 +102,10 @@ def main():
     results = spawn(worker, args.ranks, args.steps)
     print(f"relative L2 distance of the parameters from the fp32 gloo run after {args.steps} SGD steps, "
           f"{args.ranks} ranks")
-    print(f"{'':8}{'run':34}{'distance':>12}")
+    print(f"{'':8}{'run':38}{'distance':>12}")
     for key, d in results.items():
         kind, name = key.split("|")
-        print(f"{kind:8}{name:34}{d:12.3e}")
+        print(f"{kind:8}{name:38}{d:12.3e}")
     save_json({"ranks": args.ranks, "steps": args.steps, "distance": results}, args.json)
 
 

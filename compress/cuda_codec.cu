@@ -69,6 +69,18 @@ __global__ void sum_wide(const uint16_t* rows, size_t k, size_t stride, Wide* ds
     store_wide(dst + i, row_sum(rows, k, stride, i, w), s);
 }
 
+template <typename Wide>
+__global__ void cast_stochastic(const Wide* src, uint16_t* dst, size_t n, float s, Wire w, Dither d, uint64_t first) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = narrow(stochastic_grid_value(scaled(src[i], s), random_bits(d, first + i), w), w);
+}
+
+__global__ void sum_stochastic(const uint16_t* rows, size_t k, size_t stride, uint16_t* dst, size_t n, Wire w,
+                               Dither d, uint64_t first) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = narrow(stochastic_grid_value(row_sum(rows, k, stride, i, w), random_bits(d, first + i), w), w);
+}
+
 constexpr int kThreads = 256;
 
 int blocks_for(size_t work) {
@@ -148,6 +160,27 @@ void sum(const uint16_t* rows, size_t k, size_t stride, double* dst, size_t n, f
   if (n == 0) return;
   sum_wide<<<blocks_for(n), kThreads, 0, stream>>>(rows, k, stride, dst, n, scale, wire);
   check_launch("sum kernel");
+}
+
+void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
+          cudaStream_t stream) {
+  if (n == 0) return;
+  cast_stochastic<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n, scale, wire, dither, first);
+  check_launch("stochastic cast kernel");
+}
+
+void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
+          cudaStream_t stream) {
+  if (n == 0) return;
+  cast_stochastic<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n, scale, wire, dither, first);
+  check_launch("stochastic cast kernel");
+}
+
+void sum(const uint16_t* rows, size_t k, size_t stride, uint16_t* dst, size_t n, Wire wire, const Dither& dither,
+         uint64_t first, cudaStream_t stream) {
+  if (n == 0) return;
+  sum_stochastic<<<blocks_for(n), kThreads, 0, stream>>>(rows, k, stride, dst, n, wire, dither, first);
+  check_launch("stochastic sum kernel");
 }
 
 }  // namespace cnccl::compress::cuda

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "compress/codec.h"
+#include "compress/stochastic.h"
 
 namespace cnccl::compress::cuda {
 
@@ -20,5 +21,12 @@ void sum(const uint16_t* rows, size_t k, size_t stride, float* dst, size_t n, fl
          cudaStream_t stream);
 void sum(const uint16_t* rows, size_t k, size_t stride, double* dst, size_t n, float scale, Wire wire,
          cudaStream_t stream);
+// Stochastically rounded (stochastic.h), bit-identical to the CPU's; `first` as there.
+void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
+          cudaStream_t stream);
+void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
+          cudaStream_t stream);
+void sum(const uint16_t* rows, size_t k, size_t stride, uint16_t* dst, size_t n, Wire wire, const Dither& dither,
+         uint64_t first, cudaStream_t stream);
 
 }  // namespace cnccl::compress::cuda

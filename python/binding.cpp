@@ -53,7 +53,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
       .def(py::init([](std::optional<std::string> wire_dtype, std::optional<int64_t> min_bytes,
                        std::optional<std::string> sum_scaling, std::optional<bool> compress_fp64,
                        std::optional<std::string> cpu_engine, std::optional<std::string> shm,
-                       std::optional<std::string> accumulate, std::chrono::milliseconds timeout) {
+                       std::optional<std::string> accumulate, std::optional<std::string> rounding,
+                       std::optional<int64_t> sr_seed, std::chrono::milliseconds timeout) {
              auto o = c10::make_intrusive<cnccl::Options>(timeout);
              o->wire_dtype = std::move(wire_dtype);
              o->min_bytes = min_bytes;
@@ -62,12 +63,15 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
              o->cpu_engine = std::move(cpu_engine);
              o->shm = std::move(shm);
              o->accumulate = std::move(accumulate);
+             o->rounding = std::move(rounding);
+             o->sr_seed = sr_seed;
              o->resolve();  // bad values fail here, where the user wrote them
              return o;
            }),
            py::kw_only(), py::arg("wire_dtype") = py::none(), py::arg("min_bytes") = py::none(),
            py::arg("sum_scaling") = py::none(), py::arg("compress_fp64") = py::none(),
            py::arg("cpu_engine") = py::none(), py::arg("shm") = py::none(), py::arg("accumulate") = py::none(),
+           py::arg("rounding") = py::none(), py::arg("sr_seed") = py::none(),
            py::arg("timeout") = kBackendDefaultTimeout)
       .def_readwrite("wire_dtype", &cnccl::Options::wire_dtype)
       .def_readwrite("min_bytes", &cnccl::Options::min_bytes)
@@ -76,6 +80,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
       .def_readwrite("cpu_engine", &cnccl::Options::cpu_engine)
       .def_readwrite("shm", &cnccl::Options::shm)
       .def_readwrite("accumulate", &cnccl::Options::accumulate)
+      .def_readwrite("rounding", &cnccl::Options::rounding)
+      .def_readwrite("sr_seed", &cnccl::Options::sr_seed)
       .def("_resolved_cpu_engine", [](const cnccl::Options& o) { return o.resolve().cpu_engine_name(); },
            "The CPU engine these options select once CNCCL_CPU_ENGINE is applied: 'ucx' or 'gloo'.")
       .def("__repr__", [](const cnccl::Options& o) {
@@ -83,7 +89,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
         return "cnccl.Options(wire_dtype=" + show(o.wire_dtype) + ", min_bytes=" + show(o.min_bytes) +
                ", sum_scaling=" + show(o.sum_scaling) + ", compress_fp64=" + show(o.compress_fp64) +
                ", cpu_engine=" + show(o.cpu_engine) + ", shm=" + show(o.shm) +
-               ", accumulate=" + show(o.accumulate) + ")";
+               ", accumulate=" + show(o.accumulate) + ", rounding=" + show(o.rounding) +
+               ", sr_seed=" + show(o.sr_seed) + ")";
       });
 
   py::class_<cnccl::ProcessGroupCNCCL, c10d::Backend, IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>>(
@@ -106,6 +113,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
         d["cpu_engine"] = c.cpu_engine_name();
         d["shm"] = c.shm_name();
         d["accumulate"] = c.accumulate_name();
+        d["rounding"] = c.rounding_name();
+        d["sr_seed"] = c.sr_seed;
         d["cpu_transport"] = pg.cpu_transport();
         d["timeout"] = pg.timeout();
         return d;

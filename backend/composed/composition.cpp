@@ -125,20 +125,28 @@ at::Tensor Composition::stage(const at::Tensor& src, const Plan& p, int64_t nume
   return at::empty({numel}, src.options().dtype(dtype));
 }
 
-void Composition::stage_into(const at::Tensor& src, const at::Tensor& dst, const Plan& p) const {
+void Composition::stage_into(const at::Tensor& src, const at::Tensor& dst, const Plan& p,
+                             const compress::Dither& dither, uint64_t first) const {
   if (p.compress) {
-    device_->cast(flat(src), dst, p);
+    device_->cast(flat(src), dst, p, dither, first);
     return;
   }
   dst.copy_(flat(src));
   if (p.pre_scale != 1.0) dst.mul_(p.pre_scale);
 }
 
+std::pair<compress::Dither, compress::Dither> Composition::dithers(const Plan& p, int64_t numel) {
+  const auto seq = static_cast<uint32_t>(p.stochastic && numel > 0 ? stochastic_seq_++ : 0);
+  return {{p.sr_seed, seq, static_cast<uint32_t>(rank_), compress::kContribution},
+          {p.sr_seed, seq, compress::kAnyOwner, compress::kResult}};
+}
+
 Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const Plan& p,
                                                      std::chrono::milliseconds timeout) {
   const int64_t n = t.numel(), part = (n + size_ - 1) / size_;
+  const auto [contributions, sums] = dithers(p, n);
   at::Tensor sent = stage(t, p, part * size_);
-  stage_into(t, sent.narrow(0, 0, n), p);
+  stage_into(t, sent.narrow(0, 0, n), p, contributions);
   if (part * size_ > n) sent.narrow(0, n, part * size_ - n).zero_();
   at::Tensor rows = at::empty_like(sent);
   c10d::AllToAllOptions to_owners;
@@ -149,7 +157,7 @@ Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const 
   WorkPtr to_owners_work = inner().alltoall_base(rows, sent, equal_splits, equal_splits, to_owners);
   device_->order_after(to_owners_work);
   at::Tensor mine = stage(t, p, part);
-  device_->sum(rows.view({size_, part}), mine, p);
+  device_->sum(rows.view({size_, part}), mine, p, sums, uint64_t(rank_ * part));
   at::Tensor gathered = at::empty_like(sent);
   c10d::AllgatherOptions back;
   back.timeout = timeout;
@@ -245,7 +253,7 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor(at::Tensor& ou
   if (!is_staged(p, opts.reduceOp, contiguous)) return inner()._reduce_scatter_base(output, input, opts);
   c10::DeviceGuard guard(input.device());
   at::Tensor stage_in = stage(input, p, input.numel());
-  stage_into(input, stage_in, p);
+  stage_into(input, stage_in, p, dithers(p, output.numel()).first);
   if (p.fp32_sum && output.numel()) {
     Issued issued = reduce_scatter_fp32_sums(stage_in, output, p, opts.timeout);
     return finish(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts.asyncOp, issued.works,
@@ -282,7 +290,10 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter(std::vector<at::Tenso
   // The list goes out as one flat staged buffer, written part by part: the engine's own list
   // form would copy the inputs into one first.
   at::Tensor stage_in = stage(out, p, out.numel() * size_);
-  for (int i = 0; i < size_; ++i) stage_into(inputs[0][i], stage_in.narrow(0, i * out.numel(), out.numel()), p);
+  const compress::Dither contributions = dithers(p, out.numel()).first;
+  for (int i = 0; i < size_; ++i) {
+    stage_into(inputs[0][i], stage_in.narrow(0, i * out.numel(), out.numel()), p, contributions, i * out.numel());
+  }
   if (p.fp32_sum && out.numel()) {
     Issued issued = reduce_scatter_fp32_sums(stage_in, out, p, opts.timeout);
     return finish(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts.asyncOp, issued.works, {issued.staged},
@@ -343,7 +354,7 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std:
   for (size_t k = 0; k < fp32_sums.size(); ++k) {
     const size_t i = fp32_sums[k];
     at::Tensor stage_in = stage(inputs[i], fp32_plans[k], inputs[i].numel());
-    stage_into(inputs[i], stage_in, fp32_plans[k]);
+    stage_into(inputs[i], stage_in, fp32_plans[k], dithers(fp32_plans[k], outputs[i].numel()).first);
     Issued issued = reduce_scatter_fp32_sums(stage_in, outputs[i], fp32_plans[k], opts.timeout);
     works.insert(works.end(), issued.works.begin(), issued.works.end());
     staged.push_back(issued.staged);

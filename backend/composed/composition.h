@@ -99,7 +99,12 @@ class Composition {
   // The coalesced engine calls for `tensors`: one, or one per dtype for an engine that needs it.
   std::vector<std::vector<size_t>> calls_for(const std::vector<at::Tensor>& tensors) const;
   at::Tensor stage(const at::Tensor& src, const Plan& p, int64_t numel) const;
-  void stage_into(const at::Tensor& src, const at::Tensor& dst, const Plan& p) const;
+  // A stochastic plan's cast rounds with `dither`, src's element 0 being element `first` of the tensor.
+  void stage_into(const at::Tensor& src, const at::Tensor& dst, const Plan& p, const compress::Dither& dither = {},
+                  uint64_t first = 0) const;
+  // The stochastic roundings of a tensor's contributions and of its owners' sums, keyed by how many
+  // stochastic reductions of non-empty tensors the group issued before it (compress/stochastic.h).
+  std::pair<compress::Dither, compress::Dither> dithers(const Plan& p, int64_t numel);
   // Builds cnccl's work over the engine's works: the restores run once those are done; a
   // synchronous call (asyncOp=false) returns only once the caller's stream sees them.
   WorkPtr finish(c10d::OpType type, const char* name, bool async_op, std::vector<WorkPtr> works,
@@ -112,6 +117,7 @@ class Composition {
   const int rank_;
   const int size_;
   std::atomic<uint64_t> seq_{0};
+  std::atomic<uint64_t> stochastic_seq_{0};
 };
 
 }  // namespace cnccl::composed

@@ -3,6 +3,7 @@
 #include "backend/composed/device.h"
 #include "backend/wide_data.h"
 #include "compress/codec.h"
+#include "compress/stochastic.h"
 
 namespace cnccl::composed {
 namespace {
@@ -17,9 +18,14 @@ class CpuDevice final : public Device {
  public:
   double premul_factor(const c10d::ReduceOp& op) override { return cnccl::premul_factor(op); }
 
-  void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan) override {
+  void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
+            uint64_t first) override {
     auto* dst = static_cast<uint16_t*>(wire.data_ptr());
-    with_wide_data(wide, [&](auto* src) { compress::cast(src, dst, wide.numel(), float(plan.pre_scale), plan.wire); });
+    with_wide_data(wide, [&](auto* src) {
+      const float scale = float(plan.pre_scale);
+      if (plan.stochastic) return compress::cast(src, dst, wide.numel(), scale, plan.wire, dither, first);
+      compress::cast(src, dst, wide.numel(), scale, plan.wire);
+    });
   }
 
   void restore(const at::Tensor& wire, const at::Tensor& wide, const Plan& plan) override {
@@ -29,9 +35,13 @@ class CpuDevice final : public Device {
     });
   }
 
-  void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan) override {
-    compress::sum(row_pointers(rows).data(), size_t(rows.size(0)), static_cast<uint16_t*>(wire.data_ptr()),
-                  size_t(rows.size(1)), plan.wire);
+  void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
+           uint64_t first) override {
+    const auto in = row_pointers(rows);
+    auto* dst = static_cast<uint16_t*>(wire.data_ptr());
+    const size_t k = size_t(rows.size(0)), n = size_t(rows.size(1));
+    if (plan.stochastic) return compress::sum(in.data(), k, dst, n, plan.wire, dither, first);
+    compress::sum(in.data(), k, dst, n, plan.wire);
   }
 
   void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) override {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/policy.h"
+#include "compress/stochastic.h"
 
 namespace cnccl::composed {
 
@@ -26,14 +27,17 @@ class Device {
   virtual double premul_factor(const c10d::ReduceOp& op) = 0;
 
   // wire = round16(wide * plan.pre_scale), ordered before whatever the caller issues next
-  // (CUDA: on the caller's current stream).
-  virtual void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan) = 0;
+  // (CUDA: on the caller's current stream). A stochastic plan rounds with `dither`, wide's element 0
+  // being element `first` of the collective's tensor.
+  virtual void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan,
+                    const compress::Dither& dither = {}, uint64_t first = 0) = 0;
   // wide = widen(wire) * plan.post_scale, on the stream `after` set up.
   virtual void restore(const at::Tensor& wire, const at::Tensor& wide, const Plan& plan) = 0;
 
   // fp32 sums (plan.fp32_sum). `rows`: [ranks, n] 16-bit contributions, rank 0 first.
-  // wire = round16(rows[0] + rows[1] + ... in fp32), ordered like cast().
-  virtual void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan) = 0;
+  // wire = round16(rows[0] + rows[1] + ... in fp32), ordered like cast(); stochastic as cast().
+  virtual void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan,
+                   const compress::Dither& dither = {}, uint64_t first = 0) = 0;
   // wide = (rows[0] + rows[1] + ... in fp32) * plan.post_scale, unrounded (as restore() treats a
   // widened 16-bit value); ordered like restore().
   virtual void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) = 0;

@@ -30,11 +30,14 @@ class CudaDevice final : public composed::Device {
     return cnccl::premul_factor(op);
   }
 
-  void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan) override {
+  void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
+            uint64_t first) override {
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(wide.device().index()).stream();
     auto* dst = static_cast<uint16_t*>(wire.data_ptr());
     with_wide_data(wide, [&](auto* src) {
-      compress::cuda::cast(src, dst, wide.numel(), float(plan.pre_scale), plan.wire, stream);
+      const float scale = float(plan.pre_scale);
+      if (plan.stochastic) return compress::cuda::cast(src, dst, wide.numel(), scale, plan.wire, dither, first, stream);
+      compress::cuda::cast(src, dst, wide.numel(), scale, plan.wire, stream);
     });
   }
 
@@ -46,11 +49,14 @@ class CudaDevice final : public composed::Device {
     });
   }
 
-  void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan) override {
+  void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
+           uint64_t first) override {
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(wire.device().index()).stream();
-    compress::cuda::sum(static_cast<const uint16_t*>(rows.const_data_ptr()), size_t(rows.size(0)),
-                        size_t(rows.stride(0)), static_cast<uint16_t*>(wire.data_ptr()), size_t(rows.size(1)),
-                        plan.wire, stream);
+    const auto* in = static_cast<const uint16_t*>(rows.const_data_ptr());
+    auto* dst = static_cast<uint16_t*>(wire.data_ptr());
+    const size_t k = size_t(rows.size(0)), stride = size_t(rows.stride(0)), n = size_t(rows.size(1));
+    if (plan.stochastic) return compress::cuda::sum(in, k, stride, dst, n, plan.wire, dither, first, stream);
+    compress::cuda::sum(in, k, stride, dst, n, plan.wire, stream);
   }
 
   void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) override {

@@ -71,8 +71,9 @@ void alltoall_direct(Comm& comm, const char* in, const std::vector<size_t>& send
 void barrier_direct(Comm& comm);
 
 // dst = the reduction of inputs[0], ..., inputs[size - 1] (one per rank, in rank order) over
-// `count` elements.
-using RankSum = std::function<void(const char* const* inputs, char* dst, size_t count)>;
+// `count` elements; element 0 is element `first` of the whole buffer (stochastic rounding keys its
+// random bits by that index).
+using RankSum = std::function<void(const char* const* inputs, char* dst, size_t first, size_t count)>;
 // Reduce-scatter in one exchange with every peer: rank r sends part p of `data` to rank p, and
 // `sum` reduces every rank's part r in rank order into `out` (which may be part r of `data`).
 // Each element is reduced in one place with every contribution at hand: the form fp32

@@ -18,6 +18,7 @@
 #include "backend/host/algorithms.h"
 #include "backend/stats.h"
 #include "backend/work.h"
+#include "compress/stochastic.h"
 
 namespace cnccl::host {
 
@@ -113,6 +114,9 @@ class HostPath final : public c10d::Backend {
   // The steps of the reductions, shared by their list, tensor and coalesced forms.
   Step allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
+  // The stochastic roundings of a step's contributions and of its owners' sums, keyed by how many
+  // stochastic reductions of non-empty tensors the group issued before it (compress/stochastic.h).
+  std::pair<compress::Dither, compress::Dither> dithers(const Plan& plan, size_t numel);
   // Allgathers `input` into `out` (world size x its bytes), then unpacks into `outputs` if any.
   Step allgather_step(const at::Tensor& input, const std::vector<at::Tensor>& outputs, char* out = nullptr);
 
@@ -125,6 +129,7 @@ class HostPath final : public c10d::Backend {
   const std::chrono::milliseconds timeout_;
   Stats& stats_;
   std::atomic<uint64_t> seq_{0};
+  std::atomic<uint64_t> stochastic_seq_{0};
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<ShmComm> shm_;  // this host's ranks; null when they cannot share memory, or CNCCL_SHM=off
   std::unique_ptr<Comm> cross_;   // with shm_ on several hosts: the ranks of this one's local rank, one per host

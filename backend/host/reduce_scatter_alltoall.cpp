@@ -21,7 +21,7 @@ void reduce_scatter_alltoall(Comm& comm, char* data, const Parts& parts, size_t 
     msgs.push_back(comm.send(peer, slot_base, data + parts.offset[peer] * elem, parts.length[peer] * elem));
   }
   comm.wait(msgs);
-  sum(inputs.data(), out, parts.length[r]);
+  sum(inputs.data(), out, parts.offset[r], parts.length[r]);
 }
 
 }  // namespace cnccl::host

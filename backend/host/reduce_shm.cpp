@@ -42,7 +42,7 @@ void reduce_shm(ShmComm& shm, const ShmReduction& r) {
     };
     auto sum_piece = [&](int part, uint64_t step, char* dst) {
       for (int q = 0; q < size; ++q) inputs[q] = at(shm.contribution(q, step), part);
-      r.sum(inputs.data(), dst, count(part));
+      r.sum(inputs.data(), dst, r.parts.offset[part] + first, count(part));
     };
 
     const uint64_t step = shm.acquire();

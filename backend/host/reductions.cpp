@@ -16,6 +16,12 @@ size_t sums_offset(size_t wire_bytes) { return (wire_bytes + 63) / 64 * 64; }
 
 }  // namespace
 
+std::pair<compress::Dither, compress::Dither> HostPath::dithers(const Plan& plan, size_t numel) {
+  const auto seq = static_cast<uint32_t>(plan.stochastic && numel > 0 ? stochastic_seq_++ : 0);
+  return {{plan.sr_seed, seq, static_cast<uint32_t>(rank_), compress::kContribution},
+          {plan.sr_seed, seq, compress::kAnyOwner, compress::kResult}};
+}
+
 HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& plan) {
   const size_t n = tensor.numel();
   const size_t elem = plan.compress ? 2 : tensor.element_size();
@@ -23,6 +29,8 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
   const AllreduceAlgorithm algorithm = choose_allreduce(int64_t(n * elem), shared_memory(), plan.fp32_sum);
   const bool ring = algorithm == AllreduceAlgorithm::kRing;
   const bool fused = ring && FusedCast::applies(plan, dtype);
+  const auto dithered = dithers(plan, n);
+  const compress::Dither contributions = dithered.first, sums = dithered.second;
   auto src = std::make_shared<at::Tensor>();  // the tensor as one block, from pre on
   Step step;
   step.workspace_bytes = n * elem;
@@ -31,7 +39,8 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
   step.pre = [=](const Buffers& b) {
     *src = tensor.contiguous();
     if (fused || through_shm) return;  // cast as the ring reduces (FusedCast), or as shared memory takes it
-    if (plan.compress) return cast_into(*src, reinterpret_cast<uint16_t*>(b.workspace), plan);
+    auto* wire = reinterpret_cast<uint16_t*>(b.workspace);
+    if (plan.compress) return cast_into(*src, wire, plan, contributions);
     pack(*src, b.workspace);
     pre_scale(b.workspace, n, dtype, plan);
   };
@@ -39,16 +48,19 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
     if (through_shm) {
       const char* x = static_cast<const char*>(src->const_data_ptr());
       const size_t wide = src->element_size();
+      auto source = [=](size_t i) { return x + i * wide; };
       ShmReduction local{Parts::even(n, shm_->size()), elem,
-                         timed_producer(shm_producer([=](size_t i) { return x + i * wide; }, plan, dtype)),
-                         timed_reducer(rank_sum(plan, dtype, shm_->size())), b.workspace, ShmReduction::kAll};
+                         timed_producer(shm_producer(source, plan, dtype, contributions)),
+                         timed_reducer(rank_sum(plan, dtype, shm_->size(), sums)), b.workspace,
+                         ShmReduction::kAll};
       if (algorithm == AllreduceAlgorithm::kShm) return reduce_shm(*shm_, local);
       comm_->end();  // the group's signature agreement, before any data moves
       return allreduce_hierarchical(*shm_, *cross_, local, timed_reducer(reducer(plan, dtype)));
     }
     if (algorithm == AllreduceAlgorithm::kAlltoall) {
       const Parts parts = Parts::even(n, size_);
-      reduce_scatter_alltoall(*comm_, b.workspace, parts, elem, timed_reducer(rank_sum(plan, dtype, size_)),
+      reduce_scatter_alltoall(*comm_, b.workspace, parts, elem,
+                              timed_reducer(rank_sum(plan, dtype, size_, sums)),
                               b.workspace + parts.offset[rank_] * elem);
       return allgather_ring(*comm_, b.workspace, parts, elem, tags::kSecondPhase);
     }
@@ -77,6 +89,7 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
   const bool on_shm = algorithm == AllreduceAlgorithm::kShm;
   const bool fused = algorithm == AllreduceAlgorithm::kRing && FusedCast::applies(plan, dtype);
   const int size = size_;
+  const compress::Dither contributions = dithers(plan, each).first;
   // With fp32 sums the own part's result is fp32, after the 16-bit parts; through shared memory
   // the own part's result comes first.
   const size_t sums_at = plan.fp32_sum ? sums_offset(on_shm ? 0 : each * elem * size) : 0;
@@ -91,7 +104,7 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
     for (int i = 0; i < size; ++i) {
       char* part = b.workspace + each * elem * i;
       if (plan.compress) {
-        cast_into((*srcs)[i], reinterpret_cast<uint16_t*>(part), plan);
+        cast_into((*srcs)[i], reinterpret_cast<uint16_t*>(part), plan, contributions, each * i);
       } else {
         pack((*srcs)[i], part);
       }
@@ -108,8 +121,9 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
       const size_t wide = output.element_size();
       auto source = [x, each, wide](size_t i) { return x[i / each] + i % each * wide; };
       const RankSum sum = plan.fp32_sum ? fp32_rank_sum(plan, size) : rank_sum(plan, dtype, size);
-      return reduce_shm(*shm_, {parts, elem, timed_producer(shm_producer(source, plan, dtype)), timed_reducer(sum),
-                                b.workspace + result_at, ShmReduction::kOwn, 0, plan.fp32_sum ? sizeof(float) : 0});
+      const ShmProduce produce = shm_producer(source, plan, dtype, contributions);
+      return reduce_shm(*shm_, {parts, elem, timed_producer(produce), timed_reducer(sum), b.workspace + result_at,
+                                ShmReduction::kOwn, 0, plan.fp32_sum ? sizeof(float) : 0});
     }
     if (algorithm == AllreduceAlgorithm::kAlltoall) {
       return reduce_scatter_alltoall(*comm_, b.workspace, parts, elem, timed_reducer(fp32_rank_sum(plan, size)),

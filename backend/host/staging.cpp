@@ -39,8 +39,12 @@ void unpack(const char* src, const at::Tensor& dst) {
   dst.copy_(view(const_cast<char*>(src), dst.numel(), dst.scalar_type()).view(dst.sizes()));
 }
 
-void cast_into(const at::Tensor& src, uint16_t* dst, const Plan& plan) {
-  with_wide_data(src, [&](auto* x) { compress::cast(x, dst, src.numel(), float(plan.pre_scale), plan.wire); });
+void cast_into(const at::Tensor& src, uint16_t* dst, const Plan& plan, const compress::Dither& dither,
+               uint64_t first) {
+  with_wide_data(src, [&](auto* x) {
+    if (plan.stochastic) return compress::cast(x, dst, src.numel(), float(plan.pre_scale), plan.wire, dither, first);
+    compress::cast(x, dst, src.numel(), float(plan.pre_scale), plan.wire);
+  });
 }
 
 void restore_into(const uint16_t* src, const at::Tensor& dst, const Plan& plan) {
@@ -66,7 +70,8 @@ Reducer reducer(const Plan& plan, at::ScalarType dtype) {
   };
 }
 
-ShmProduce shm_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype) {
+ShmProduce shm_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype,
+                        const compress::Dither& dither) {
   if (!plan.compress) {
     const size_t elem = at::elementSize(dtype);
     return [source, plan, dtype, elem](size_t offset, size_t count, char* dst) {
@@ -74,29 +79,33 @@ ShmProduce shm_producer(std::function<const char*(size_t index)> source, const P
       pre_scale(dst, int64_t(count), dtype, plan);
     };
   }
-  return [source, plan, dtype](size_t offset, size_t count, char* dst) {
+  return [source, plan, dtype, dither](size_t offset, size_t count, char* dst) {
     with_wide_data(source(offset), dtype, [&](const auto* x) {
-      compress::cast(x, reinterpret_cast<uint16_t*>(dst), count, float(plan.pre_scale), plan.wire);
+      auto* wire = reinterpret_cast<uint16_t*>(dst);
+      if (plan.stochastic) return compress::cast(x, wire, count, float(plan.pre_scale), plan.wire, dither, offset);
+      compress::cast(x, wire, count, float(plan.pre_scale), plan.wire);
     });
   };
 }
 
-RankSum rank_sum(const Plan& plan, at::ScalarType dtype, int size) {
+RankSum rank_sum(const Plan& plan, at::ScalarType dtype, int size, const compress::Dither& dither) {
   if (plan.compress && plan.inner_op == RedOp::SUM) {
-    return [wire = plan.wire, size](const char* const* inputs, char* dst, size_t count) {
-      compress::sum(reinterpret_cast<const uint16_t* const*>(inputs), size_t(size), reinterpret_cast<uint16_t*>(dst),
-                    count, wire);
+    return [plan, size, dither](const char* const* inputs, char* dst, size_t first, size_t count) {
+      const auto* in = reinterpret_cast<const uint16_t* const*>(inputs);
+      auto* out = reinterpret_cast<uint16_t*>(dst);
+      if (plan.stochastic) return compress::sum(in, size_t(size), out, count, plan.wire, dither, first);
+      compress::sum(in, size_t(size), out, count, plan.wire);
     };
   }
   const size_t elem = plan.compress ? 2 : at::elementSize(dtype);
-  return [reduce = reducer(plan, dtype), elem, size](const char* const* inputs, char* dst, size_t count) {
+  return [reduce = reducer(plan, dtype), elem, size](const char* const* inputs, char* dst, size_t, size_t count) {
     copy_bytes(dst, inputs[0], count * elem);
     for (int q = 1; q < size; ++q) reduce(dst, inputs[q], count);
   };
 }
 
 RankSum fp32_rank_sum(const Plan& plan, int size) {
-  return [wire = plan.wire, size](const char* const* inputs, char* dst, size_t count) {
+  return [wire = plan.wire, size](const char* const* inputs, char* dst, size_t, size_t count) {
     compress::sum(reinterpret_cast<const uint16_t* const*>(inputs), size_t(size), reinterpret_cast<float*>(dst),
                   count, wire);
   };

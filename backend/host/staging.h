@@ -9,6 +9,7 @@
 
 #include "backend/host/algorithms.h"
 #include "backend/policy.h"
+#include "compress/stochastic.h"
 
 namespace cnccl::host {
 
@@ -19,8 +20,10 @@ at::Tensor view(char* data, int64_t numel, at::ScalarType dtype);
 void pack(const at::Tensor& src, char* dst);
 void unpack(const char* src, const at::Tensor& dst);
 
-// Casts `src` (fp32 or fp64, contiguous) into the 16-bit workspace with the plan's pre-scale.
-void cast_into(const at::Tensor& src, uint16_t* dst, const Plan& plan);
+// Casts `src` (fp32 or fp64, contiguous) into the 16-bit workspace with the plan's pre-scale; a
+// stochastic plan rounds with `dither`, src's element 0 being element `first` of its collective.
+void cast_into(const at::Tensor& src, uint16_t* dst, const Plan& plan, const compress::Dither& dither = {},
+               uint64_t first = 0);
 // Restores the 16-bit workspace into `dst` (any strides) with the plan's post-scale.
 void restore_into(const uint16_t* src, const at::Tensor& dst, const Plan& plan);
 
@@ -32,12 +35,14 @@ void post_scale(char* data, int64_t numel, at::ScalarType dtype, const Plan& pla
 Reducer reducer(const Plan& plan, at::ScalarType dtype);
 
 // A shared-memory reduction's contribution (ShmReduction::produce): element i comes from source(i)
-// (contiguous within one call), cast with the pre-scale, or copied and scaled uncompressed.
-ShmProduce shm_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype);
+// (contiguous within one call), cast with the pre-scale (stochastic plans: with `dither`), or
+// copied and scaled uncompressed.
+ShmProduce shm_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype,
+                        const compress::Dither& dither = {});
 // The reduction of `size` contributions in rank order (shared memory, and the all-to-all
 // reduce-scatter): a compressed SUM adds in fp32 and rounds once (compress::sum); anything else
-// folds the plan's reducer over them.
-RankSum rank_sum(const Plan& plan, at::ScalarType dtype, int size);
+// folds the plan's reducer over them. A stochastic plan rounds the sum with `dither`.
+RankSum rank_sum(const Plan& plan, at::ScalarType dtype, int size, const compress::Dither& dither = {});
 // A compressed SUM of `size` 16-bit contributions in fp32, in rank order, written unrounded as fp32
 // (a reduce_scatter with fp32 sums); restore_sums_into then writes it to the output.
 RankSum fp32_rank_sum(const Plan& plan, int size);

@@ -9,6 +9,7 @@
 
 #include "compress/codec.h"
 #include "compress/cuda_codec.h"
+#include "compress/stochastic.h"
 
 namespace cnccl::compress {
 namespace {
@@ -104,6 +105,40 @@ TEST_F(CudaCodec, SumsMatchCpuRoundedOnceAndWide) {
       }
       EXPECT_EQ(bad, 0u) << wire_name(w) << " k=" << k;
     }
+  }
+}
+
+TEST_F(CudaCodec, StochasticCastAndSumEqualTheCpusBitForBit) {
+  std::mt19937 rng(9);
+  const size_t n = (size_t(1) << 18) + 7;
+  std::vector<float> v(n);
+  for (auto& x : v) x = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng), int(rng() % 60) - 40);
+  std::vector<double> v64(v.begin(), v.end());
+  const Dither d{0xfeedface'12345678ull, 3, 1, kContribution};
+  for (Wire w : {Wire::kFp16, Wire::kBf16}) {
+    std::vector<uint16_t> want(n), got(n), want64(n), got64(n), want_sum(n), got_sum(n);
+    cast(v.data(), want.data(), n, 0.5f, w, d, 11);
+    cast(v64.data(), want64.data(), n, 0.5f, w, d, 11);
+    DeviceBuffer<float> d_in(n);
+    DeviceBuffer<double> d_in64(n);
+    DeviceBuffer<uint16_t> d_out(n), d_out64(n), d_rows(2 * n), d_sum(n);
+    cudaMemcpy(d_in.ptr, v.data(), n * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(d_in64.ptr, v64.data(), n * 8, cudaMemcpyHostToDevice);
+    cuda::cast(d_in.ptr, d_out.ptr, n, 0.5f, w, d, 11, nullptr);
+    cuda::cast(d_in64.ptr, d_out64.ptr, n, 0.5f, w, d, 11, nullptr);
+    // Two rows (the CPU's two casts), summed and rounded with the result's bits.
+    const Dither result{d.seed, d.seq, kAnyOwner, kResult};
+    const uint16_t* rows[2] = {want.data(), want64.data()};
+    sum(rows, 2, want_sum.data(), n, w, result, 11);
+    cudaMemcpy(d_rows.ptr, want.data(), n * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(d_rows.ptr + n, want64.data(), n * 2, cudaMemcpyHostToDevice);
+    cuda::sum(d_rows.ptr, 2, n, d_sum.ptr, n, w, result, 11, nullptr);
+    cudaMemcpy(got.data(), d_out.ptr, n * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(got64.data(), d_out64.ptr, n * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_sum.data(), d_sum.ptr, n * 2, cudaMemcpyDeviceToHost);
+    EXPECT_EQ(got, want) << wire_name(w) << " fp32";
+    EXPECT_EQ(got64, want64) << wire_name(w) << " fp64";
+    EXPECT_EQ(got_sum, want_sum) << wire_name(w) << " sum";
   }
 }
 

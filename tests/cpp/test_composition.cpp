@@ -164,15 +164,20 @@ class KeepingDevice : public Device {
   void order_after(const c10::intrusive_ptr<c10d::Work>& work) override {
     if (work) work->synchronize();
   }
-  void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan) override {
-    engine_.enqueue_on_stream([cpu = cpu_, rows, wire, plan] { cpu->sum(rows, wire, plan); });
+  void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
+           uint64_t first) override {
+    engine_.enqueue_on_stream(
+        [cpu = cpu_, rows, wire, plan, dither, first] { cpu->sum(rows, wire, plan, dither, first); });
   }
   void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) override {
     cpu_->sum_wide(rows, wide, plan);
   }
 
   double premul_factor(const c10d::ReduceOp& op) override { return cpu_->premul_factor(op); }
-  void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan) override { cpu_->cast(wide, wire, plan); }
+  void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
+            uint64_t first) override {
+    cpu_->cast(wide, wire, plan, dither, first);
+  }
   void restore(const at::Tensor& wire, const at::Tensor& wide, const Plan& plan) override {
     cpu_->restore(wire, wide, plan);
   }

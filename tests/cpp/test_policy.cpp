@@ -189,6 +189,30 @@ TEST(Options, EnvironmentThenOptionsWithClearErrors) {
   EXPECT_EQ(Options().resolve().min_bytes, 65536);
 }
 
+TEST(Options, StochasticRoundingNeedsFp32AccumulationAndTakesASeed) {
+  Options o;
+  o.rounding = "sr";
+  try {
+    o.resolve();
+    FAIL() << "rounding=sr with accumulate=wire was accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs accumulate=fp32"), std::string::npos) << e.what();
+  }
+  o.accumulate = "fp32";
+  ::setenv("CNCCL_SR_SEED", "0x10", 1);
+  Config c = o.resolve();
+  EXPECT_EQ(c.rounding, Rounding::kStochastic);
+  EXPECT_EQ(c.sr_seed, 16u);
+  o.sr_seed = -1;
+  EXPECT_EQ(o.resolve().sr_seed, ~uint64_t{0});
+  ::setenv("CNCCL_SR_SEED", "twelve", 1);
+  EXPECT_THROW(o.resolve(), c10::ValueError);
+  ::unsetenv("CNCCL_SR_SEED");
+  const Plan p = plan_reduction(c, at::kFloat, 1 << 20, RedOp::AVG, 1.0, 4);
+  EXPECT_TRUE(p.fp32_sum && p.stochastic);
+  EXPECT_FALSE(plan_reduction(c, at::kFloat, 1 << 20, RedOp::MAX, 1.0, 4).stochastic);
+}
+
 TEST(Options, AccumulateFromEnvironmentOrField) {
   EXPECT_EQ(Options().resolve().accumulate, Accumulate::kWire);
   ::setenv("CNCCL_ACCUMULATE", "FP32", 1);

@@ -1,11 +1,12 @@
-"""accumulate=fp32 (docs/design.md, "Numerics"), at 2, 3 and 4 ranks, on every CPU engine: through
+"""accumulate=fp32 and rounding=sr (docs/design.md, "Numerics"), at 2, 3 and 4 ranks, on every CPU engine: through
 shared memory, over UCX alone (an all-to-all to each part's owner, then an allgather) and over gloo
 (the composed path: the same all-to-all and allgather as on NCCL). What it computes, bit for bit,
 against an emulation written here with plain torch: each rank's value scaled in fp32 and cast to the
 wire type; every rank's 16-bit value added in fp32 in rank order; an allreduce rounds that sum once
 to the wire type and restores it, a reduce_scatter writes the fp32 sum itself, never rounded to 16
 bits. At two ranks the allreduce equals the wire path's; at four the wire path's 16-bit adds are
-further from the exact sum."""
+further from the exact sum. With rounding=sr every rounding is stochastic, with Philox bits computed
+here in numpy (wire_formats.py)."""
 
 import os
 
@@ -15,13 +16,15 @@ import torch.distributed as dist
 
 import cnccl
 from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, cached_job, check_case, engine_env, gloo_group
-from wire_formats import mixed_magnitudes, rank_order_sum
+from wire_formats import (ANY_OWNER, CONTRIBUTION, RESULT, mixed_magnitudes, random_bits, rank_order_sum,
+                          stochastic_round)
 
 R = dist.ReduceOp
 WIRES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # One element; a size every world divides; one no world here divides (the last part is short, or
 # padded on the composed path); and a bandwidth-bound size.
 SIZES = [1, 5_040, 100_003, 1_000_003]
+SEED = 0x5EED_0000_0000_0001  # both key words in use
 
 case = Cases()
 
@@ -39,7 +42,14 @@ class Context:
 
         self.fp32 = {w: group(w, "fp32") for w in WIRES}
         self.wire = {w: group(w, "wire") for w in WIRES}
+        self.sr = {w: self.stochastic_group(w) for w in WIRES}
+        self.sr_seq = dict.fromkeys(WIRES, 0)  # stochastic reductions of non-empty tensors so far, per group
         self.gen = torch.Generator().manual_seed(31 + rank)
+
+    @staticmethod
+    def stochastic_group(wire):
+        return dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(
+            wire_dtype=wire, min_bytes=0, accumulate="fp32", rounding="sr", sr_seed=SEED))
 
     def gaussian(self, n):
         return mixed_magnitudes(self.gen, n, 4)
@@ -162,6 +172,75 @@ def bytes_sent_are_a_rings(ctx):
     per_element = 2 if ctx.engine == "shm" else 2 * 2 * (ctx.world - 1) / ctx.world
     headers, uneven = 2 * 256, 64
     assert per_element * n <= sent <= per_element * n + headers + uneven, f"sent {sent}, expected {per_element * n}"
+
+
+def stochastic_sum(inputs, wire, pre, seq, first=0, round_result=True):
+    """rounding=sr (compress/stochastic.h): each rank's contribution rounded stochastically with its own
+    bits, the fp32 sum in rank order, and (allreduce) that sum rounded stochastically with the
+    owners' bits. `first` is the index of inputs' element 0 in the collective's tensor."""
+    n = inputs[0].numel()
+    acc = None
+    for q, x in enumerate(inputs):
+        cast = stochastic_round(x * pre, random_bits(first, n, SEED, seq, q, CONTRIBUTION), wire).float()
+        acc = cast if acc is None else acc + cast
+    if not round_result:
+        return acc
+    return stochastic_round(acc, random_bits(first, n, SEED, seq, ANY_OWNER, RESULT), wire).float()
+
+
+@case
+def stochastic_rounding_equals_its_emulation_bit_for_bit(ctx):
+    for wire in WIRES:
+        for op in (R.SUM, R.AVG):
+            for n in SIZES[:3]:
+                x = ctx.gaussian(n)
+                pre = pre_scale(op, ctx.world)
+                want = stochastic_sum(ctx.all_inputs(x), wire, pre, ctx.sr_seq[wire])
+                t = x.clone()
+                dist.all_reduce(t, op=op, group=ctx.sr[wire])
+                ctx.sr_seq[wire] += 1
+                problem = first_difference(t, want)
+                assert problem is None, f"allreduce {wire} {op} n={n}: {problem}"
+                x = ctx.gaussian(n * ctx.world)
+                inputs = ctx.all_inputs(x)
+                parts = [v.chunk(ctx.world)[ctx.rank] for v in inputs]
+                want = stochastic_sum(parts, wire, pre, ctx.sr_seq[wire], first=n * ctx.rank, round_result=False)
+                out = torch.empty(n)
+                dist.reduce_scatter_tensor(out, x, op=op, group=ctx.sr[wire])
+                ctx.sr_seq[wire] += 1
+                problem = first_difference(out, want)
+                assert problem is None, f"reduce_scatter_tensor {wire} {op} n={n}: {problem}"
+
+
+@case
+def stochastic_rounding_is_unbiased_where_nearest_even_is_not(ctx):
+    n = 1 << 20
+    for wire in WIRES:
+        step = 2.0**-10 if wire == "fp16" else 2.0**-7
+        x = torch.full((n,), 1.0 + 0.3 * step)  # nearest-even rounds every contribution down to 1
+        exact = ctx.world * x[0].double().item()
+        sr, rne = x.clone(), x.clone()
+        dist.all_reduce(sr, group=ctx.sr[wire])
+        ctx.sr_seq[wire] += 1
+        dist.all_reduce(rne, group=ctx.fp32[wire])
+        # Each contribution's rounding has variance <= step^2 / 4, the sum's <= (its spacing)^2 / 4.
+        spacing = step * 2.0 ** torch.tensor(exact).log2().floor().item()
+        sigma = ((ctx.world * step**2 + spacing**2) / 4 / n) ** 0.5
+        assert abs(sr.double().mean().item() - exact) < 6 * sigma, (wire, sr.double().mean().item(), exact, sigma)
+        assert abs(rne.double().mean().item() - exact) > 6 * sigma, (wire, rne.double().mean().item(), exact)
+
+
+@case
+def stochastic_rounding_reproduces_and_each_reduction_draws_anew(ctx):
+    x = ctx.gaussian(50_000)
+    fresh = Context.stochastic_group("bf16")  # the same seed, its own sequence numbers from 0
+    again = [x.clone(), x.clone()]
+    for t in again:
+        dist.all_reduce(t, group=fresh)
+    want = stochastic_sum(ctx.all_inputs(x), "bf16", 1.0, 0)
+    assert torch.equal(again[0], want), "the first reduction of a group with this seed"
+    assert (again[0] != again[1]).float().mean() > 0.2, "the second reduction drew the same bits"
+    assert cnccl.config(fresh)["rounding"] == "sr" and cnccl.config(fresh)["sr_seed"] == SEED, cnccl.config(fresh)
 
 
 @pytest.mark.parametrize("engine", CPU_ENGINES)

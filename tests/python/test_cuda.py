@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import cnccl
 from harness import Cases, cached_job, check_case, gloo_group
 from models import Block, train
+from wire_formats import ANY_OWNER, CONTRIBUTION, RESULT, random_bits, stochastic_round
 
 case = Cases()
 
@@ -251,6 +252,29 @@ def stats_prove_16bit_wire_on_cuda(ctx):
     assert s1["compressed_collectives"] - s0["compressed_collectives"] == 1
     assert s1["bytes_sent"] - s0["bytes_sent"] == 2 << 20
     assert s1["bytes_uncompressed"] - s0["bytes_uncompressed"] == 4 << 20
+
+
+@case
+def stochastic_rounding_on_the_gpu_equals_the_cpu_emulation(ctx):
+    # A fresh group numbers its stochastic reductions from 0. At world size 1 the sum of one 16-bit
+    # contribution is on the wire's grid already: its own rounding leaves it.
+    seed = 0xC0FFEE_0000_1234
+    for wire in WIRES:
+        g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
+            wire_dtype=wire, min_bytes=0, accumulate="fp32", rounding="sr", sr_seed=seed))
+        x = ctx.data(N)
+        host = x.cpu()
+        for seq, op in enumerate((R.SUM, R.AVG)):
+            t = late(x)
+            dist.all_reduce(t, op=op, group=g)
+            contribution = stochastic_round(host, random_bits(0, N, seed, seq, 0, CONTRIBUTION), wire)
+            summed = stochastic_round(contribution.float(), random_bits(0, N, seed, seq, ANY_OWNER, RESULT), wire)
+            assert torch.equal(summed, contribution)
+            same(t.cpu(), contribution.float(), f"allreduce sr {wire} seq {seq}")
+        out = torch.empty(N, device=ctx.device)
+        dist.reduce_scatter_tensor(out, late(x), group=g)
+        same(out.cpu(), stochastic_round(host, random_bits(0, N, seed, 2, 0, CONTRIBUTION), wire).float(),
+             f"reduce_scatter sr {wire}")
 
 
 @case

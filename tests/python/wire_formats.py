@@ -1,5 +1,6 @@
 """Facts about the 16-bit wire formats that the tests' rounding bounds are built from."""
 
+import numpy as np
 import torch
 
 WIRE_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -24,3 +25,43 @@ def mixed_magnitudes(gen, n, decades):
     of its adds (and 16-bit adds round)."""
     magnitude = torch.pow(10.0, torch.empty(n).uniform_(-decades, decades, generator=gen))
     return torch.randn(n, generator=gen) * magnitude
+
+
+# Stochastic rounding (compress/stochastic.h), emulated with numpy: Philox4x32-10 and the rule.
+_MASK = 0xFFFFFFFF
+ANY_OWNER = 0xFFFFFFFF  # the rank word of a sum's rounding
+CONTRIBUTION, RESULT = 0, 1
+
+
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 on numpy uint64 arrays that hold 32-bit words."""
+    c = [np.asarray(x, dtype=np.uint64) for x in (c0, c1, c2, c3)]
+    k0, k1 = np.uint64(k0), np.uint64(k1)
+    for _ in range(10):
+        p0, p1 = np.uint64(0xD2511F53) * c[0], np.uint64(0xCD9E8D57) * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & np.uint64(_MASK), (p0 >> np.uint64(32)) ^ c[3] ^ k1,
+             p0 & np.uint64(_MASK)]
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & np.uint64(_MASK), (k1 + np.uint64(0xBB67AE85)) & np.uint64(_MASK)
+    return c
+
+
+def random_bits(first, n, seed, seq, rank, phase):
+    """The random word of elements first..first+n-1: word i % 4 of Philox at (i // 4, seq, rank, phase)."""
+    index = np.arange(first, first + n, dtype=np.uint64)
+    words = philox4x32_10(index >> np.uint64(2), seq, rank, phase, seed & _MASK, seed >> 32)
+    return np.choose((index & np.uint64(3)).astype(np.int64), words)
+
+
+def stochastic_round(v, bits, wire):
+    """fp32 tensor v rounded to the wire stochastically with the random words `bits`."""
+    x = v.numpy().astype(np.float32)
+    t = np.abs(x)
+    _, e = np.frexp(t)
+    min_exponent, mantissa_bits = (-14, 10) if wire == "fp16" else (-126, 7)
+    spacing = np.maximum(e - 1, min_exponent) - mantissa_bits
+    q = np.ldexp(t, -spacing).astype(np.float32)
+    m = np.floor(q)
+    u = (bits >> np.uint64(8)).astype(np.float32) * np.float32(2.0**-24)
+    magnitude = np.ldexp(m + (u < q - m).astype(np.float32), spacing).astype(np.float32)
+    out = np.where((t == 0) | ~np.isfinite(t), x, np.copysign(magnitude, x)).astype(np.float32)
+    return torch.from_numpy(out).to(WIRE_DTYPE[wire])

@@ -58,7 +58,8 @@ TEST(AlltoallAlgorithm, ReduceScatterHandsTheOwnerEveryContributionInRankOrder) 
         const int r = comm.rank();
         auto& mine = data[r] = contribution(r, count);
         // Records whether input q holds rank q's values, then sums in place into the own part.
-        auto sum = [&, r](const char* const* in, char* dst, size_t n) {
+        auto sum = [&, r](const char* const* in, char* dst, size_t first, size_t n) {
+          EXPECT_EQ(first, parts.offset[r]);
           bool ok = true;
           for (int q = 0; q < size; ++q) {
             const auto* v = reinterpret_cast<const int32_t*>(in[q]);

@@ -56,7 +56,7 @@ ShmReduction int32_sum(const std::vector<int32_t>& mine, int32_t* out, size_t co
                        ShmReduction::Deliver deliver, int root = 0) {
   return {Parts::even(count, size), 4,
           [&mine](size_t offset, size_t n, char* dst) { std::memcpy(dst, mine.data() + offset, n * 4); },
-          [size](const char* const* in, char* dst, size_t n) {
+          [size](const char* const* in, char* dst, size_t /*first*/, size_t n) {
             std::memcpy(dst, in[0], n * 4);
             for (int q = 1; q < size; ++q) add_int32(dst, in[q], n);
           },
@@ -133,7 +133,7 @@ void check_wire_sum_is_fp32_in_rank_order_rounded_once(compress::Wire wire) {
                        [&](size_t offset, size_t n, char* dst) {
                          compress::cast(mine.data() + offset, reinterpret_cast<uint16_t*>(dst), n, 1.0f, wire);
                        },
-                       [&](const char* const* in, char* dst, size_t n) {
+                       [&](const char* const* in, char* dst, size_t /*first*/, size_t n) {
                          compress::sum(reinterpret_cast<const uint16_t* const*>(in), size,
                                        reinterpret_cast<uint16_t*>(dst), n, wire);
                        },

@@ -1,0 +1,90 @@
+// Stochastic rounding to the 16-bit wire (docs/design.md, "Numerics"), defined bit for bit so that
+// the CPU kernels, the CUDA kernels and a test's emulation agree. Header-only: the host compiler and
+// nvcc both compile it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "compress/codec.h"
+
+#if defined(__CUDACC__)
+#define CNCCL_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define CNCCL_HOST_DEVICE inline
+#endif
+
+namespace cnccl::compress {
+
+// Whose random bits an element takes: Philox4x32-10 keyed by `seed` (low word first), at counter
+// (index / 4, seq, rank, phase); element `index` takes word index % 4 of that block. Nothing depends
+// on how the elements are chunked or which device rounds them.
+struct Dither {
+  uint64_t seed = 0;
+  uint32_t seq = 0;    // the collective's sequence number in its group's path
+  uint32_t rank = 0;   // the sender of a contribution; kAnyOwner for a sum
+  uint32_t phase = 0;  // kContribution or kResult
+};
+constexpr uint32_t kContribution = 0;
+constexpr uint32_t kResult = 1;
+// The rank word of a sum's rounding (kResult): the same whichever rank owns the element's part, so
+// that the bits do not depend on how a path cuts the tensor into parts.
+constexpr uint32_t kAnyOwner = 0xFFFFFFFFu;
+
+struct Philox4 {
+  uint32_t word[4];
+};
+
+CNCCL_HOST_DEVICE uint32_t mul_hi(uint32_t a, uint32_t b) {
+  return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
+}
+
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11).
+CNCCL_HOST_DEVICE Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                                        uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    const uint32_t hi0 = mul_hi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const uint32_t hi1 = mul_hi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+CNCCL_HOST_DEVICE uint32_t random_bits(const Dither& d, uint64_t index) {
+  const Philox4 block = philox4x32_10(static_cast<uint32_t>(index >> 2), d.seq, d.rank, d.phase,
+                                      static_cast<uint32_t>(d.seed), static_cast<uint32_t>(d.seed >> 32));
+  return block.word[index & 3];
+}
+
+// v moved onto the wire's grid: with t = |v| and s the wire's spacing at t (fp16: 2^(max(e, -14) - 10),
+// bf16: 2^(max(e, -126) - 7), e = floor(log2 t)), t = (m + f) * s with m an integer and 0 <= f < 1;
+// the result is (m + 1) * s when u < f, else m * s, with v's sign, where u = (random >> 8) * 2^-24.
+// Every step is exact in fp32, so E[result] = v up to u's resolution. A result past the wire's
+// largest value becomes inf when converted; NaN and inf pass through (and round as to_wire does).
+CNCCL_HOST_DEVICE float stochastic_grid_value(float v, uint32_t random, Wire w) {
+  const float t = fabsf(v);
+  if (!(t < INFINITY) || t == 0.0f) return v;
+  int e = 0;
+  frexpf(t, &e);  // t = m * 2^e, m in [0.5, 1): floor(log2 t) = e - 1
+  const int min_exponent = w == Wire::kFp16 ? -14 : -126;
+  const int mantissa_bits = w == Wire::kFp16 ? 10 : 7;
+  const int spacing = (e - 1 > min_exponent ? e - 1 : min_exponent) - mantissa_bits;
+  const float q = ldexpf(t, -spacing);
+  const float m = floorf(q);
+  const float u = static_cast<float>(random >> 8) * 0x1p-24f;
+  return copysignf(ldexpf(m + (u < q - m ? 1.0f : 0.0f), spacing), v);
+}
+
+// Stochastically rounded CPU codec (cpu_stochastic.cpp): as cast() and sum() in codec.h, with the
+// rounding above; `first` is the index (for Dither) of element 0 of these buffers.
+void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first);
+void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first);
+void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire, const Dither& dither,
+         uint64_t first);
+
+}  // namespace cnccl::compress
