@@ -59,6 +59,16 @@ def gloo_group():
     return dist.new_group(backend="gloo", timeout=CASE_TIMEOUT)
 
 
+def everyones(t, group):
+    """Every rank's `t`, in rank order, gathered over `group` (a gloo group): what oracles start from."""
+    import torch
+    import torch.distributed as dist
+
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, t.contiguous(), group=group)
+    return out
+
+
 def clean_env(**extra):
     """The caller's environment without cnccl's and UCX's settings (CNCCL_*, UCX_*; the harness's own
     CNCCL_TEST_* stay), plus `extra`."""

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import cnccl
-from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, cached_job, check_case, engine_env, gloo_group
+from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, cached_job, check_case, engine_env, everyones, gloo_group
 from wire_formats import (ANY_OWNER, CONTRIBUTION, RESULT, mixed_magnitudes, random_bits, rank_order_sum,
                           stochastic_round)
 
@@ -55,9 +55,7 @@ class Context:
         return mixed_magnitudes(self.gen, n, 4)
 
     def all_inputs(self, t):
-        out = [torch.empty_like(t) for _ in range(self.world)]
-        dist.all_gather(out, t, group=self.gloo)
-        return out
+        return everyones(t, self.gloo)
 
 
 def pre_scale(op, world):

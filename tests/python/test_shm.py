@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 import cnccl
-from harness import CASE_TIMEOUT, Cases, cached_job, check_case, engine_env, gloo_group, separate_hosts_unavailable
+from harness import (CASE_TIMEOUT, Cases, cached_job, check_case, engine_env, everyones, gloo_group,
+                     separate_hosts_unavailable)
 from wire_formats import mixed_magnitudes, rank_order_sum
 
 R = dist.ReduceOp
@@ -41,9 +42,7 @@ class Context:
         return mixed_magnitudes(self.gen, n, 3)
 
     def all_inputs(self, t):
-        out = [torch.empty_like(t) for _ in range(self.world)]
-        dist.all_gather(out, t, group=self.gloo)
-        return out
+        return everyones(t, self.gloo)
 
 
 def emulate_sum(inputs, wire, pre, post):
