@@ -122,12 +122,16 @@ def reduce_scatter_writes_the_fp32_sum_unrounded(ctx):
 
 @case
 def every_rank_holds_the_same_bytes(ctx):
+    """Also with stochastic rounding: an owner's sum is rounded with bits no rank's own."""
     x = ctx.gaussian(1_000_003)
     for wire in WIRES:
-        t = x.clone()
-        dist.all_reduce(t, group=ctx.fp32[wire])
-        for r, other in enumerate(ctx.all_inputs(t)):
-            assert torch.equal(other.view(torch.int32), t.view(torch.int32)), f"{wire}: rank {r} differs"
+        for name, g in (("fp32", ctx.fp32[wire]), ("sr", ctx.sr[wire])):
+            t = x.clone()
+            dist.all_reduce(t, group=g)
+            ctx.sr_seq[wire] += name == "sr"
+            bits = [other.view(torch.int32) for other in ctx.all_inputs(t)]
+            differing = [r for r, b in enumerate(bits) if not torch.equal(b, t.view(torch.int32))]
+            assert not differing, f"{wire} {name}: ranks {differing} differ"
 
 
 @case
