@@ -68,7 +68,7 @@ TEST(AlltoallAlgorithm, ReduceScatterHandsTheOwnerEveryContributionInRankOrder) 
           order_ok[r] = ok;
           std::vector<int32_t> acc(n, 0);
           for (int q = 0; q < size; ++q) add_int32(acc.data(), in[q], n);
-          std::memcpy(dst, acc.data(), n * 4);
+          copy_bytes(dst, acc.data(), n * 4);
         };
         char* base = reinterpret_cast<char*>(mine.data());
         reduce_scatter_alltoall(comm, base, parts, 4, sum, base + parts.offset[r] * 4);
