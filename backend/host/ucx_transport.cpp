@@ -5,6 +5,7 @@
 #include <poll.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -26,6 +27,13 @@ std::shared_ptr<ucp_context> shared_context() {
   if (auto ctx = weak.lock()) return ctx;
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "config read");
+  // CMA (process_vm_readv) is UCX's rendezvous between ranks of one host; when the peer it reads
+  // from has died, UCX 1.13 aborts this whole process (ucs_fatal on ESRCH) instead of failing the
+  // request, so a SIGKILLed rank would take its survivors with it. Without CMA, rendezvous goes
+  // over TCP and a dead peer fails the collective, naming it. Peer error handling would avoid the
+  // abort too, but UCX 1.13 then crashes in ucp_worker_destroy after a failed collective. An
+  // explicit UCX_TLS is the user's choice.
+  if (!std::getenv("UCX_TLS")) check_ucs(ucp_config_modify(config, "TLS", "^cma"), "config modify");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
   // WAKEUP lets a waiting rank sleep in the kernel until a message arrives instead of polling.
@@ -66,9 +74,6 @@ void on_recv(void* /*request*/, ucs_status_t status, const ucp_tag_recv_info_t* 
   }
   c->done = true;
 }
-
-// The endpoint's failed requests carry the error to the collective; nothing more to do here.
-void on_endpoint_error(void* /*arg*/, ucp_ep_h /*ep*/, ucs_status_t /*status*/) {}
 
 class UcxRequest final : public Request {
  public:
@@ -125,15 +130,9 @@ UcxTransport::UcxTransport(const c10::intrusive_ptr<c10d::Store>& store, int ran
     if (peer == rank) continue;
     const std::vector<uint8_t> remote = store->get("cnccl/ucx/" + std::to_string(peer));
     ucp_ep_params_t eparams{};
-    eparams.field_mask =
-        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    eparams.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     eparams.address = reinterpret_cast<const ucp_address_t*>(remote.data());
-    // Without PEER mode UCX treats a peer's death as fatal: a rendezvous read (CMA's
-    // process_vm_readv) from a rank killed mid-transfer aborts this process. With it, the requests
-    // on that endpoint complete with an error, which the collective reports naming the peer.
-    eparams.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    eparams.err_handler.cb = on_endpoint_error;
-    eparams.err_handler.arg = nullptr;
+    eparams.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     check_ucs(ucp_ep_create(worker_, &eparams, &endpoints_[peer]), "endpoint create");
   }
   // No rank leaves before every rank has connected: a group created and destroyed at once would
