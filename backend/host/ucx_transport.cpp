@@ -5,7 +5,6 @@
 #include <poll.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -27,13 +26,6 @@ std::shared_ptr<ucp_context> shared_context() {
   if (auto ctx = weak.lock()) return ctx;
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "config read");
-  // CMA (process_vm_readv) is UCX's rendezvous between ranks of one host; when the peer it reads
-  // from has died, UCX 1.13 aborts this whole process (ucs_fatal on ESRCH) instead of failing the
-  // request, so a SIGKILLed rank would take its survivors with it. Without CMA, rendezvous goes
-  // over TCP and a dead peer fails the collective, naming it. Peer error handling would avoid the
-  // abort too, but UCX 1.13 then crashes in ucp_worker_destroy after a failed collective. An
-  // explicit UCX_TLS is the user's choice.
-  if (!std::getenv("UCX_TLS")) check_ucs(ucp_config_modify(config, "TLS", "^cma"), "config modify");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
   // WAKEUP lets a waiting rank sleep in the kernel until a message arrives instead of polling.
