@@ -1,5 +1,5 @@
 // The codec's kernels (compress/) widen to and narrow from fp32 or fp64: this is the one place
-// that picks the pointer type from a tensor's dtype, for every device.
+// that picks the pointer type from a tensor's dtype, for every device, and that widens fp32 sums.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,6 +30,15 @@ void with_wide_data(const char* data, at::ScalarType dtype, F&& f) {
   } else {
     f(reinterpret_cast<const double*>(data));
   }
+}
+
+// dst = fp32 `sums` (same element count) times `post_scale`, as the codec's restore treats a widened
+// 16-bit value: multiplied in fp32 for an fp32 `dst`, widened and then multiplied in fp64 for fp64.
+// The unrounded result of a reduce_scatter with fp32 sums (docs/design.md, "Numerics").
+inline void write_scaled_sums(const at::Tensor& sums, const at::Tensor& dst, double post_scale) {
+  const double scale = double(float(post_scale));
+  at::Tensor out = dst.scalar_type() == at::kFloat ? sums : sums.to(dst.scalar_type());
+  dst.copy_((scale == 1.0 ? out : out.mul(scale)).view(dst.sizes()));
 }
 
 }  // namespace cnccl

@@ -31,6 +31,13 @@ constexpr uint32_t kResult = 1;
 // that the bits do not depend on how a path cuts the tensor into parts.
 constexpr uint32_t kAnyOwner = 0xFFFFFFFFu;
 
+// The roundings of one stochastic reduction, number `seq` of its group's path: `rank`'s contributions,
+// and the owners' sums.
+inline Dither contribution_dither(uint64_t seed, uint32_t seq, uint32_t rank) {
+  return {seed, seq, rank, kContribution};
+}
+inline Dither sum_dither(uint64_t seed, uint32_t seq) { return {seed, seq, kAnyOwner, kResult}; }
+
 struct Philox4 {
   uint32_t word[4];
 };

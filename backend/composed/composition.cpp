@@ -137,8 +137,7 @@ void Composition::stage_into(const at::Tensor& src, const at::Tensor& dst, const
 
 std::pair<compress::Dither, compress::Dither> Composition::dithers(const Plan& p, int64_t numel) {
   const auto seq = static_cast<uint32_t>(p.stochastic && numel > 0 ? stochastic_seq_++ : 0);
-  return {{p.sr_seed, seq, static_cast<uint32_t>(rank_), compress::kContribution},
-          {p.sr_seed, seq, compress::kAnyOwner, compress::kResult}};
+  return {compress::contribution_dither(p.sr_seed, seq, uint32_t(rank_)), compress::sum_dither(p.sr_seed, seq)};
 }
 
 Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const Plan& p,

@@ -48,9 +48,7 @@ class CpuDevice final : public Device {
     at::Tensor sums = at::empty({rows.size(1)}, rows.options().dtype(at::kFloat));
     compress::sum(row_pointers(rows).data(), size_t(rows.size(0)), sums.data_ptr<float>(), size_t(rows.size(1)),
                   plan.wire);
-    const double scale = double(float(plan.post_scale));
-    at::Tensor out = wide.scalar_type() == at::kFloat ? sums : sums.to(wide.scalar_type());
-    wide.copy_(scale == 1.0 ? out : out.mul(scale));
+    write_scaled_sums(sums, wide, plan.post_scale);
   }
 
   void order_after(const c10::intrusive_ptr<c10d::Work>& work) override {

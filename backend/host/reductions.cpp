@@ -18,8 +18,7 @@ size_t sums_offset(size_t wire_bytes) { return (wire_bytes + 63) / 64 * 64; }
 
 std::pair<compress::Dither, compress::Dither> HostPath::dithers(const Plan& plan, size_t numel) {
   const auto seq = static_cast<uint32_t>(plan.stochastic && numel > 0 ? stochastic_seq_++ : 0);
-  return {{plan.sr_seed, seq, static_cast<uint32_t>(rank_), compress::kContribution},
-          {plan.sr_seed, seq, compress::kAnyOwner, compress::kResult}};
+  return {compress::contribution_dither(plan.sr_seed, seq, uint32_t(rank_)), compress::sum_dither(plan.sr_seed, seq)};
 }
 
 HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& plan) {

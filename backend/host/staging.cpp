@@ -113,11 +113,8 @@ RankSum fp32_rank_sum(const Plan& plan, int size) {
 
 void restore_sums_into(const float* sums, const at::Tensor& dst, const Plan& plan) {
   if (dst.numel() == 0) return;
-  at::Tensor s = view(reinterpret_cast<char*>(const_cast<float*>(sums)), dst.numel(), at::kFloat);
-  const double scale = double(float(plan.post_scale));
-  at::Tensor out = dst.scalar_type() == at::kFloat ? s : s.to(dst.scalar_type());
-  if (scale != 1.0) out = out.mul(scale);
-  dst.copy_(out.view(dst.sizes()));
+  write_scaled_sums(view(reinterpret_cast<char*>(const_cast<float*>(sums)), dst.numel(), at::kFloat), dst,
+                    plan.post_scale);
 }
 
 bool FusedCast::applies(const Plan& plan, at::ScalarType dtype) {

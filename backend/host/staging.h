@@ -46,8 +46,7 @@ RankSum rank_sum(const Plan& plan, at::ScalarType dtype, int size, const compres
 // A compressed SUM of `size` 16-bit contributions in fp32, in rank order, written unrounded as fp32
 // (a reduce_scatter with fp32 sums); restore_sums_into then writes it to the output.
 RankSum fp32_rank_sum(const Plan& plan, int size);
-// dst = sums * post-scale: multiplied in fp32 for an fp32 output; widened, then multiplied in
-// fp64 for an fp64 one (as restore_into treats a 16-bit value).
+// dst = sums * post-scale (write_scaled_sums, backend/wide_data.h).
 void restore_sums_into(const float* sums, const at::Tensor& dst, const Plan& plan);
 
 // The cast folded into a ring's reductions (a compressed fp32 SUM): the wire element at index i
