@@ -102,10 +102,12 @@ def main():
     results = spawn(worker, args.ranks, args.steps)
     print(f"relative L2 distance of the parameters from the fp32 gloo run after {args.steps} SGD steps, "
           f"{args.ranks} ranks")
-    print(f"{'':8}{'run':38}{'distance':>12}")
+    print(f"{'':8}{'run':38}{'distance':>12}{'vs cnccl on the wire path':>28}")
     for key, d in results.items():
         kind, name = key.split("|")
-        print(f"{kind:8}{name:38}{d:12.3e}")
+        wire = results.get(f"{kind}|{name.split(',')[0]}")  # the same wire dtype, accumulate=wire
+        ratio = f"{d / wire:27.2f}x" if wire and name.startswith("cnccl") else ""
+        print(f"{kind:8}{name:38}{d:12.3e}{ratio}")
     save_json({"ranks": args.ranks, "steps": args.steps, "distance": results}, args.json)
 
 
