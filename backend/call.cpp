@@ -10,7 +10,8 @@ std::string describe(const at::Tensor& t) {
 }
 std::string describe(const at::Tensor& t, const Plan& plan, RedOp op) {
   return describe(t) + ", " + op_name(op) + ", " + (plan.compress ? compress::wire_name(plan.wire) : "no") + " wire" +
-         (plan.fp32_sum ? ", fp32 sums" : "") + (plan.stochastic ? ", stochastic rounding" : "");
+         (plan.fp32_sum ? ", fp32 sums" : "") + (plan.stochastic ? ", stochastic rounding" : "") +
+         (plan.pow2 ? ", pow2 frames" : "");
 }
 std::string with_root(std::string what, int64_t root) { return what + ", root " + std::to_string(root); }
 

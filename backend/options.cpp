@@ -22,8 +22,10 @@ std::optional<compress::Wire> parse_wire(const std::string& value, const char* s
   const std::string v = lower(value);
   if (v == "fp16" || v == "float16") return compress::Wire::kFp16;
   if (v == "bf16" || v == "bfloat16") return compress::Wire::kBf16;
+  if (v == "e4m3" || v == "float8_e4m3fn") return compress::Wire::kE4m3;
+  if (v == "e5m2" || v == "float8_e5m2") return compress::Wire::kE5m2;
   if (v == "none") return std::nullopt;
-  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: fp16, bf16, none");
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: fp16, bf16, e4m3, e5m2, none");
 }
 
 SumScaling parse_sum_scaling(const std::string& value, const char* source) {
@@ -60,6 +62,13 @@ Rounding parse_rounding(const std::string& value, const char* source) {
   if (v == "rne") return Rounding::kNearest;
   if (v == "sr") return Rounding::kStochastic;
   TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: rne, sr");
+}
+
+Scaling parse_scaling(const std::string& value, const char* source) {
+  const std::string v = lower(value);
+  if (v == "none") return Scaling::kNone;
+  if (v == "pow2") return Scaling::kPow2;
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: none, pow2");
 }
 
 uint64_t parse_seed(const std::string& value, const char* source) {
@@ -104,6 +113,7 @@ Config Options::resolve() const {
   if (auto v = env("CNCCL_ACCUMULATE")) c.accumulate = parse_accumulate(*v, "CNCCL_ACCUMULATE");
   if (auto v = env("CNCCL_ROUNDING")) c.rounding = parse_rounding(*v, "CNCCL_ROUNDING");
   if (auto v = env("CNCCL_SR_SEED")) c.sr_seed = parse_seed(*v, "CNCCL_SR_SEED");
+  if (auto v = env("CNCCL_SCALING")) c.scaling = parse_scaling(*v, "CNCCL_SCALING");
   if (wire_dtype) c.wire = parse_wire(*wire_dtype, "Options.wire_dtype");
   if (min_bytes) {
     TORCH_CHECK_VALUE(*min_bytes >= 0, "cnccl: Options.min_bytes=", *min_bytes,
@@ -117,12 +127,26 @@ Config Options::resolve() const {
   if (accumulate) c.accumulate = parse_accumulate(*accumulate, "Options.accumulate");
   if (rounding) c.rounding = parse_rounding(*rounding, "Options.rounding");
   if (sr_seed) c.sr_seed = static_cast<uint64_t>(*sr_seed);
+  if (scaling) c.scaling = parse_scaling(*scaling, "Options.scaling");
   // With wire accumulation the engine's own 16-bit adds round to nearest: only the casts could be
   // stochastic, which is not what `sr` promises.
   TORCH_CHECK_VALUE(c.rounding != Rounding::kStochastic || c.accumulate == Accumulate::kFp32,
                     "cnccl: rounding=sr (CNCCL_ROUNDING / Options.rounding) needs accumulate=fp32 "
                     "(CNCCL_ACCUMULATE / Options.accumulate): with accumulate=wire the engine's 16-bit adds "
                     "round to nearest");
+  // A frame's exponent is decoded by the part's owner before it adds: the engine's own adds
+  // cannot.
+  TORCH_CHECK_VALUE(c.scaling != Scaling::kPow2 || c.accumulate == Accumulate::kFp32,
+                    "cnccl: scaling=pow2 (CNCCL_SCALING / Options.scaling) needs accumulate=fp32 "
+                    "(CNCCL_ACCUMULATE / Options.accumulate): every contribution is decoded before it is added");
+  TORCH_CHECK_VALUE(c.scaling != Scaling::kPow2 || c.rounding != Rounding::kStochastic,
+                    "cnccl: scaling=pow2 (CNCCL_SCALING / Options.scaling) does not yet combine with rounding=sr "
+                    "(CNCCL_ROUNDING / Options.rounding); use rounding=rne");
+  const bool fp8 = c.wire == compress::Wire::kE4m3 || c.wire == compress::Wire::kE5m2;
+  TORCH_CHECK_VALUE(!fp8 || (c.accumulate == Accumulate::kFp32 && c.scaling == Scaling::kPow2), "cnccl: wire_dtype=",
+                    c.wire_name(), " (CNCCL_WIRE_DTYPE / Options.wire_dtype) needs accumulate=fp32 and scaling=pow2 "
+                    "(CNCCL_ACCUMULATE, CNCCL_SCALING): an 8-bit value needs its part's exponent, and no engine "
+                    "adds it");
   return c;
 }
 

@@ -24,6 +24,10 @@ enum class Accumulate : uint8_t { kWire, kFp32 };
 // How a value is rounded to the wire: to nearest (ties to even), or stochastically with Philox
 // bits (compress/stochastic.h; needs accumulate=fp32, where cnccl does every rounding itself).
 enum class Rounding : uint8_t { kNearest, kStochastic };
+// Whether a compressed sum's parts travel as they are, or each in a frame with its own power-of-two
+// exponent picked from its amax (backend/frames.h; needs accumulate=fp32, where cnccl decodes
+// every contribution itself).
+enum class Scaling : uint8_t { kNone, kPow2 };
 
 // The settings a group runs with, after defaults, environment and Options are combined.
 struct Config {
@@ -36,18 +40,20 @@ struct Config {
   Accumulate accumulate = Accumulate::kWire;
   Rounding rounding = Rounding::kNearest;
   uint64_t sr_seed = 0;
+  Scaling scaling = Scaling::kNone;
 
   std::string wire_name() const { return wire ? compress::wire_name(*wire) : "none"; }
   const char* cpu_engine_name() const { return cpu_engine == CpuEngine::kGloo ? "gloo" : "ucx"; }
   const char* shm_name() const { return shm == ShmMode::kOn ? "on" : shm == ShmMode::kOff ? "off" : "auto"; }
   const char* accumulate_name() const { return accumulate == Accumulate::kFp32 ? "fp32" : "wire"; }
   const char* rounding_name() const { return rounding == Rounding::kStochastic ? "sr" : "rne"; }
+  const char* scaling_name() const { return scaling == Scaling::kPow2 ? "pow2" : "none"; }
 };
 
 struct Options : c10d::Backend::Options {
   explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout);
 
-  std::optional<std::string> wire_dtype;   // fp16 | bf16 | none
+  std::optional<std::string> wire_dtype;   // fp16 | bf16 | e4m3 | e5m2 | none
   std::optional<int64_t> min_bytes;        // >= 0
   std::optional<std::string> sum_scaling;  // none | world
   std::optional<bool> compress_fp64;
@@ -56,6 +62,7 @@ struct Options : c10d::Backend::Options {
   std::optional<std::string> accumulate;   // wire | fp32
   std::optional<std::string> rounding;     // rne | sr
   std::optional<int64_t> sr_seed;          // any integer (its 64 bits key Philox)
+  std::optional<std::string> scaling;      // none | pow2
 
   // Overrides Backend::Options::clone() where the torch version has it (keeps the subclass).
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const;

@@ -30,6 +30,9 @@ CNCCL_RUNS = {  # name -> cnccl.Options fields
     "cnccl bf16, accumulate=fp32": {"wire_dtype": "bf16", "accumulate": "fp32"},
     "cnccl fp16, accumulate=fp32, sr": {"wire_dtype": "fp16", "accumulate": "fp32", "rounding": "sr"},
     "cnccl bf16, accumulate=fp32, sr": {"wire_dtype": "bf16", "accumulate": "fp32", "rounding": "sr"},
+    "cnccl fp16, accumulate=fp32, pow2": {"wire_dtype": "fp16", "accumulate": "fp32", "scaling": "pow2"},
+    "cnccl e4m3, accumulate=fp32, pow2": {"wire_dtype": "e4m3", "accumulate": "fp32", "scaling": "pow2"},
+    "cnccl e5m2, accumulate=fp32, pow2": {"wire_dtype": "e5m2", "accumulate": "fp32", "scaling": "pow2"},
 }
 HOOKS = {"gloo + fp16_compress_hook": default_hooks.fp16_compress_hook,
          "gloo + bf16_compress_hook": default_hooks.bf16_compress_hook}

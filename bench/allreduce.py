@@ -1,5 +1,5 @@
-"""Allreduce bandwidth of cnccl (fp16, fp16 with fp32 sums, bf16, none) beside gloo fp32 and gloo running
-the fp16 hook's math.
+"""Allreduce bandwidth of cnccl (fp16, fp16 with fp32 sums, the same in pow2 frames, fp8 e4m3 frames, bf16,
+none) beside gloo fp32 and gloo running the fp16 hook's math.
 
 Usage: python3 bench/allreduce.py [--ranks 2,4] [--sizes 4K,...,128M] [--trials 7] [--busy N] [--json FILE] [--plot FILE]
 (JSON and plot go to bench/results/ unless told otherwise; bench/report.py also puts them in the README.)
@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-VARIANTS = ["cnccl-fp16", "cnccl-fp16-acc32", "cnccl-bf16", "cnccl-none", "gloo-fp32", "gloo-hook"]
+VARIANTS = ["cnccl-fp16", "cnccl-fp16-acc32", "cnccl-fp16-pow2", "cnccl-e4m3", "cnccl-bf16", "cnccl-none", "gloo-fp32",
+            "gloo-hook"]
 PHASES = ("cast", "reduce", "transfer", "restore")
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,128M"
 # Bytes of DRAM traffic per fp32 element on each rank of a compressed (16-bit) allreduce, from the
@@ -73,6 +74,10 @@ def worker(rank, world, port, sizes, trials, out):
         "cnccl-fp16": dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="fp16")),
         "cnccl-fp16-acc32": dist.new_group(backend="cnccl",
                                            pg_options=cnccl.Options(wire_dtype="fp16", accumulate="fp32")),
+        "cnccl-fp16-pow2": dist.new_group(backend="cnccl", pg_options=cnccl.Options(
+            wire_dtype="fp16", accumulate="fp32", scaling="pow2")),
+        "cnccl-e4m3": dist.new_group(backend="cnccl", pg_options=cnccl.Options(
+            wire_dtype="e4m3", accumulate="fp32", scaling="pow2")),
         "cnccl-bf16": dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="bf16")),
         "cnccl-none": dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="none")),
         "gloo-fp32": dist.group.WORLD,
@@ -136,6 +141,10 @@ def run(world, sizes, trials):
             "fp16/hook": t["gloo-hook"] / t["cnccl-fp16"],
             "bf16/gloo": t["gloo-fp32"] / t["cnccl-bf16"],
             "acc32/fp16": t["cnccl-fp16-acc32"] / t["cnccl-fp16"],
+            "pow2/acc32": t["cnccl-fp16-pow2"] / t["cnccl-fp16-acc32"],
+            # Speed-ups (time of the fp16 wire over the e4m3 wire's).
+            "fp16/e4m3": t["cnccl-fp16"] / t["cnccl-e4m3"],
+            "acc32/e4m3": t["cnccl-fp16-acc32"] / t["cnccl-e4m3"],
         }
     return rows
 
@@ -145,12 +154,13 @@ def table(world, rows, trials):
     lines = [f"allreduce, {world} ranks, fp32 SUM, median of {trials} trials; algbw / busbw in GB/s "
              "(algbw = fp32 bytes / time, busbw = algbw x 2(n-1)/n)"]
     lines.append(f"{'size':>6} " + " ".join(f"{n:>15}" for n in VARIANTS) +
-                 "  fp16/none fp16/gloo fp16/hook acc32/fp16")
+                 "  fp16/none fp16/gloo fp16/hook acc32/fp16 pow2/acc32 fp16/e4m3 acc32/e4m3")
     for row in rows:
         cells = " ".join(f"{row['algbw_gbs'][n]:7.2f}/{row['busbw_gbs'][n]:<7.2f}" for n in VARIANTS)
         r = row["ratios"]
         lines.append(f"{label(row['bytes']):>6} {cells}  {r['fp16/none']:8.2f}x {r['fp16/gloo']:8.2f}x"
-                     f" {r['fp16/hook']:8.2f}x {r['acc32/fp16']:9.2f}x")
+                     f" {r['fp16/hook']:8.2f}x {r['acc32/fp16']:9.2f}x {r['pow2/acc32']:9.2f}x"
+                     f" {r['fp16/e4m3']:8.2f}x {r['acc32/e4m3']:9.2f}x")
     small = rows[0]
     lines.append(f"\nlatency at {label(small['bytes'])}, microseconds: " +
                  ", ".join(f"{n} {small['seconds'][n] * 1e6:.1f}" for n in VARIANTS))

@@ -8,7 +8,13 @@
 
 namespace cnccl::compress {
 
-enum class Wire : uint8_t { kFp16, kBf16 };
+// The 16-bit formats are what this codec's kernels take. The 8-bit ones (fp8 e4m3 with no
+// infinities, and e5m2) travel only inside power-of-two frames (backend/frames.h), which encode
+// them with torch's own fp8 conversions; passing one to a kernel here is a bug.
+enum class Wire : uint8_t { kFp16, kBf16, kE4m3, kE5m2 };
+
+// Bytes of one element on the wire.
+inline size_t wire_bytes(Wire wire) { return wire == Wire::kFp16 || wire == Wire::kBf16 ? 2 : 1; }
 
 // CPU implementations; the fastest one the processor supports is chosen at first use.
 enum class CpuPath : uint8_t { kScalar, kAvx2F16c };

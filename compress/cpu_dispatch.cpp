@@ -33,7 +33,15 @@ const detail::CpuKernels& active() { return kernels_for(active_path().load(std::
 
 }  // namespace
 
-const char* wire_name(Wire wire) { return wire == Wire::kFp16 ? "fp16" : "bf16"; }
+const char* wire_name(Wire wire) {
+  switch (wire) {
+    case Wire::kFp16: return "fp16";
+    case Wire::kBf16: return "bf16";
+    case Wire::kE4m3: return "e4m3";
+    case Wire::kE5m2: return "e5m2";
+  }
+  return "?";
+}
 
 const char* cpu_path_name(CpuPath path) { return path == CpuPath::kAvx2F16c ? "avx2+f16c" : "scalar"; }
 

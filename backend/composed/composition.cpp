@@ -8,14 +8,14 @@
 
 #include "backend/checks.h"
 #include "backend/composed/composed_work.h"
+#include "backend/frames.h"
+#include "backend/wide_data.h"
 #include "backend/work.h"
 
 namespace cnccl::composed {
 namespace {
 
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
-
-at::ScalarType wire_dtype(compress::Wire wire) { return wire == compress::Wire::kFp16 ? at::kHalf : at::kBFloat16; }
 
 template <typename Opts>
 Opts with_op(const Opts& opts, RedOp op) {
@@ -63,7 +63,15 @@ std::vector<at::Tensor> stages_of(const std::vector<Composition::Staged>& staged
 void unstage(Device& device, const Composition::Staged& s) {
   const bool in_place = s.target.is_contiguous();
   at::Tensor out = in_place ? flat(s.target) : at::empty({s.target.numel()}, s.target.options());
-  if (s.rows) {
+  if (s.plan.pow2) {
+    // Frames: [ranks, frame bytes]. Rows hold every rank's frame of this rank's part (reduce_scatter);
+    // otherwise every owner's frame of its part's sum (allreduce, parts of ceil(n / ranks)).
+    const int64_t ranks = s.stage.size(0), n = out.numel();
+    const at::Tensor values =
+        s.rows ? frames::sum(s.stage.unbind(0), n, s.plan.wire)
+               : frames::decode(s.stage, (n + ranks - 1) / ranks, s.plan.wire).view({-1}).narrow(0, 0, n);
+    write_scaled_sums(values, out, s.plan.post_scale);
+  } else if (s.rows) {
     device.sum_wide(s.stage, out, s.plan);
   } else if (s.plan.compress) {
     device.restore(s.stage, out, s.plan);
@@ -121,7 +129,7 @@ bool Composition::is_staged(const Plan& p, const c10d::ReduceOp& op, bool as_is)
 }
 
 at::Tensor Composition::stage(const at::Tensor& src, const Plan& p, int64_t numel) const {
-  const auto dtype = p.compress ? wire_dtype(p.wire) : src.scalar_type();
+  const auto dtype = p.compress ? frames::wire_dtype(p.wire) : src.scalar_type();
   return at::empty({numel}, src.options().dtype(dtype));
 }
 
@@ -140,20 +148,27 @@ std::pair<compress::Dither, compress::Dither> Composition::dithers(const Plan& p
   return {compress::contribution_dither(p.sr_seed, seq, uint32_t(rank_)), compress::sum_dither(p.sr_seed, seq)};
 }
 
+Composition::WorkPtr Composition::to_owners(const at::Tensor& sent, const at::Tensor& rows,
+                                            std::chrono::milliseconds timeout) {
+  c10d::AllToAllOptions opts;
+  opts.timeout = timeout;
+  std::vector<int64_t> equal_splits;
+  at::Tensor out = rows.view({-1}), in = sent.view({-1});
+  return inner().alltoall_base(out, in, equal_splits, equal_splits, opts);
+}
+
 Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const Plan& p,
                                                      std::chrono::milliseconds timeout) {
+  if (p.pow2) return allreduce_frames(t, p, timeout);
   const int64_t n = t.numel(), part = (n + size_ - 1) / size_;
   const auto [contributions, sums] = dithers(p, n);
   at::Tensor sent = stage(t, p, part * size_);
   stage_into(t, sent.narrow(0, 0, n), p, contributions);
   if (part * size_ > n) sent.narrow(0, n, part * size_ - n).zero_();
   at::Tensor rows = at::empty_like(sent);
-  c10d::AllToAllOptions to_owners;
-  to_owners.timeout = timeout;
-  std::vector<int64_t> equal_splits;
   // The allgather's work alone would not tell an all-to-all that failed on a stream (CUDA): the
   // restore waits on both.
-  WorkPtr to_owners_work = inner().alltoall_base(rows, sent, equal_splits, equal_splits, to_owners);
+  WorkPtr to_owners_work = to_owners(sent, rows, timeout);
   device_->order_after(to_owners_work);
   at::Tensor mine = stage(t, p, part);
   device_->sum(rows.view({size_, part}), mine, p, sums, uint64_t(rank_ * part));
@@ -164,17 +179,45 @@ Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const 
   return {{to_owners_work, work}, {gathered.narrow(0, 0, n), t, p}, {sent, rows, mine}};
 }
 
-Composition::Issued Composition::reduce_scatter_fp32_sums(const at::Tensor& stage_in, const at::Tensor& output,
-                                                          const Plan& p, std::chrono::milliseconds timeout) {
-  at::Tensor rows = at::empty_like(stage_in);
-  c10d::AllToAllOptions to_owners;
-  to_owners.timeout = timeout;
-  std::vector<int64_t> equal_splits;
-  at::Tensor sent = stage_in;
-  WorkPtr work = inner().alltoall_base(rows, sent, equal_splits, equal_splits, to_owners);
-  Staged staged{rows.view({size_, output.numel()}), output, p};
+Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Plan& p,
+                                                  std::chrono::milliseconds timeout) {
+  const int64_t n = t.numel(), part = (n + size_ - 1) / size_, frame = frames::frame_bytes(part, p.wire);
+  const at::Tensor wide = part * size_ == n ? flat(t) : at::constant_pad_nd(flat(t), {0, part * size_ - n});
+  at::Tensor sent = at::empty({size_, frame}, t.options().dtype(at::kByte));
+  frames::encode(wide.view({size_, part}), p.pre_scale, p.wire, sent);
+  at::Tensor rows = at::empty_like(sent);
+  WorkPtr to_owners_work = to_owners(sent, rows, timeout);
+  device_->order_after(to_owners_work);
+  at::Tensor mine = at::empty({1, frame}, sent.options());
+  frames::encode(frames::sum(rows.unbind(0), part, p.wire).view({1, part}), 1.0, p.wire, mine);
+  at::Tensor gathered = at::empty_like(sent);
+  at::Tensor gathered_flat = gathered.view({-1}), mine_flat = mine.view({-1});
+  c10d::AllgatherOptions back;
+  back.timeout = timeout;
+  WorkPtr work = inner()._allgather_base(gathered_flat, mine_flat, back);
+  return {{to_owners_work, work}, {gathered, t, p}, {sent, rows, mine}};
+}
+
+Composition::Issued Composition::reduce_scatter_fp32_sums(const std::vector<at::Tensor>& parts,
+                                                          const at::Tensor& output, const Plan& p,
+                                                          std::chrono::milliseconds timeout) {
+  const int64_t each = output.numel();
+  at::Tensor sent;
+  if (p.pow2) {
+    sent = at::empty({size_, frames::frame_bytes(each, p.wire)}, output.options().dtype(at::kByte));
+    std::vector<at::Tensor> rows;
+    for (const auto& part : parts) rows.push_back(flat(part));
+    frames::encode(at::stack(rows), p.pre_scale, p.wire, sent);
+  } else {
+    sent = stage(output, p, each * size_).view({size_, each});
+    const compress::Dither contributions = dithers(p, each).first;
+    for (int i = 0; i < size_; ++i) stage_into(parts[i], sent[i], p, contributions, uint64_t(i * each));
+  }
+  at::Tensor rows = at::empty_like(sent);
+  WorkPtr work = to_owners(sent, rows, timeout);
+  Staged staged{rows, output, p};
   staged.rows = true;
-  return {{work}, staged, {stage_in}};
+  return {{work}, staged, {sent}};
 }
 
 c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& tensors,
@@ -186,7 +229,7 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& t
   record_stats(stats_, t, t.numel(), p);
   if (!is_staged(p, opts.reduceOp, t.is_contiguous())) return inner().allreduce(tensors, opts);
   c10::DeviceGuard guard(t.device());
-  if (p.fp32_sum && t.numel()) {
+  if (has_fp32_sums(p, t.numel())) {
     Issued issued = allreduce_fp32_sums(t, p, opts.timeout);
     return finish(c10d::OpType::ALLREDUCE, "allreduce", opts.asyncOp, issued.works, {issued.staged},
                   issued.buffers, tensors);
@@ -206,7 +249,7 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::
     checks::on_device_of(t, tensors[0], "allreduce_coalesced");
     const Plan p = plan(t, t.nbytes(), opts.reduceOp, t.is_contiguous());
     record_stats(stats_, t, t.numel(), p);
-    if (p.fp32_sum && t.numel()) {
+    if (has_fp32_sums(p, t.numel())) {
       fp32_sums.push_back(t);
     } else if (is_staged(p, opts.reduceOp, t.is_contiguous())) {
       staged.push_back({stage(t, p, t.numel()), t, p});
@@ -251,13 +294,13 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor(at::Tensor& ou
   record_stats(stats_, input, input.numel(), p);
   if (!is_staged(p, opts.reduceOp, contiguous)) return inner()._reduce_scatter_base(output, input, opts);
   c10::DeviceGuard guard(input.device());
-  at::Tensor stage_in = stage(input, p, input.numel());
-  stage_into(input, stage_in, p, dithers(p, output.numel()).first);
-  if (p.fp32_sum && output.numel()) {
-    Issued issued = reduce_scatter_fp32_sums(stage_in, output, p, opts.timeout);
+  if (has_fp32_sums(p, output.numel())) {
+    Issued issued = reduce_scatter_fp32_sums(flat(input).chunk(size_), output, p, opts.timeout);
     return finish(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts.asyncOp, issued.works,
                   {issued.staged}, issued.buffers, {output});
   }
+  at::Tensor stage_in = stage(input, p, input.numel());
+  stage_into(input, stage_in, p);
   at::Tensor stage_out = stage(input, p, output.numel());
   auto work = inner()._reduce_scatter_base(stage_out, stage_in, with_op(opts, p.inner_op));
   return finish(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts.asyncOp, {work},
@@ -286,18 +329,15 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter(std::vector<at::Tenso
   record_stats(stats_, out, out.numel() * size_, p);
   if (!is_staged(p, opts.reduceOp, contiguous)) return inner().reduce_scatter(outputs, inputs, opts);
   c10::DeviceGuard guard(out.device());
-  // The list goes out as one flat staged buffer, written part by part: the engine's own list
-  // form would copy the inputs into one first.
-  at::Tensor stage_in = stage(out, p, out.numel() * size_);
-  const compress::Dither contributions = dithers(p, out.numel()).first;
-  for (int i = 0; i < size_; ++i) {
-    stage_into(inputs[0][i], stage_in.narrow(0, i * out.numel(), out.numel()), p, contributions, i * out.numel());
-  }
-  if (p.fp32_sum && out.numel()) {
-    Issued issued = reduce_scatter_fp32_sums(stage_in, out, p, opts.timeout);
+  if (has_fp32_sums(p, out.numel())) {
+    Issued issued = reduce_scatter_fp32_sums(inputs[0], out, p, opts.timeout);
     return finish(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts.asyncOp, issued.works, {issued.staged},
                   issued.buffers, outputs);
   }
+  // The list goes out as one flat staged buffer, written part by part: the engine's own list
+  // form would copy the inputs into one first.
+  at::Tensor stage_in = stage(out, p, out.numel() * size_);
+  for (int i = 0; i < size_; ++i) stage_into(inputs[0][i], stage_in.narrow(0, i * out.numel(), out.numel()), p);
   at::Tensor stage_out = stage(out, p, out.numel());
   auto work = inner()._reduce_scatter_base(stage_out, stage_in, with_op(opts, p.inner_op));
   return finish(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts.asyncOp, {work}, {{stage_out, out, p}},
@@ -319,7 +359,7 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std:
     const bool contiguous = inputs[i].is_contiguous() && outputs[i].is_contiguous();
     const Plan p = plan(inputs[i], inputs[i].nbytes(), opts.reduceOp, contiguous);
     record_stats(stats_, inputs[i], inputs[i].numel(), p);
-    if (p.fp32_sum && outputs[i].numel()) {
+    if (has_fp32_sums(p, outputs[i].numel())) {
       fp32_sums.push_back(i);
       fp32_plans.push_back(p);
     } else if (is_staged(p, opts.reduceOp, contiguous)) {
@@ -352,9 +392,7 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std:
   // Each tensor with fp32 sums is its own all-to-all.
   for (size_t k = 0; k < fp32_sums.size(); ++k) {
     const size_t i = fp32_sums[k];
-    at::Tensor stage_in = stage(inputs[i], fp32_plans[k], inputs[i].numel());
-    stage_into(inputs[i], stage_in, fp32_plans[k], dithers(fp32_plans[k], outputs[i].numel()).first);
-    Issued issued = reduce_scatter_fp32_sums(stage_in, outputs[i], fp32_plans[k], opts.timeout);
+    Issued issued = reduce_scatter_fp32_sums(flat(inputs[i]).chunk(size_), outputs[i], fp32_plans[k], opts.timeout);
     works.insert(works.end(), issued.works.begin(), issued.works.end());
     staged.push_back(issued.staged);
     stage_ins.insert(stage_ins.end(), issued.buffers.begin(), issued.buffers.end());

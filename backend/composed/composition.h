@@ -67,7 +67,7 @@ class Composition {
     at::Tensor target;
     Plan plan;
     // `stage` holds every rank's contribution, one row each: the restore sums them in fp32
-    // (a reduce_scatter with fp32 sums).
+    // (a reduce_scatter with fp32 sums). With plan.pow2 the stage is frames, one row each.
     bool rows = false;
   };
 
@@ -84,11 +84,22 @@ class Composition {
   // The 16-bit stage goes to each part's owner in one alltoall_base; the owner sums the rows in
   // fp32 in rank order and rounds once (Device::sum, after the engine's alltoall), and
   // _allgather_base brings every part back. Parts are equal, the last padded with zeros.
+  // Row q of `sent` ([ranks, ...], or flat in ranks equal parts) to rank q, in one alltoall_base;
+  // `rows` (shaped like `sent`) receives every rank's row for this one, rank 0 first.
+  WorkPtr to_owners(const at::Tensor& sent, const at::Tensor& rows, std::chrono::milliseconds timeout);
+  // With p.pow2, allreduce_frames instead.
   Issued allreduce_fp32_sums(const at::Tensor& t, const Plan& p, std::chrono::milliseconds timeout);
-  // `stage_in` (part q for rank q) goes out in one alltoall_base; the restore sums the rows into
-  // `output` (Device::sum_wide), never rounding to 16 bits.
-  Issued reduce_scatter_fp32_sums(const at::Tensor& stage_in, const at::Tensor& output, const Plan& p,
+  // The same in power-of-two frames (backend/frames.h): the owner decodes and sums the frames it
+  // receives, frames its sum with the sum's own exponent, and the allgather moves frames.
+  Issued allreduce_frames(const at::Tensor& t, const Plan& p, std::chrono::milliseconds timeout);
+  // `parts` (part q, staged as 16 bits or as a frame, for rank q) go out in one alltoall_base; the
+  // restore sums the rows into `output` (Device::sum_wide, or frames::sum), never rounding to the
+  // wire.
+  Issued reduce_scatter_fp32_sums(const std::vector<at::Tensor>& parts, const at::Tensor& output, const Plan& p,
                                   std::chrono::milliseconds timeout);
+  // Whether a reduction of `numel` elements takes the forms above. Frames carry empty tensors
+  // too: no engine reduces an 8-bit wire.
+  static bool has_fp32_sums(const Plan& p, int64_t numel) { return p.pow2 || (p.fp32_sum && numel > 0); }
 
   // `exact`: plan as reduce() does, never compressed (policy.h).
   Plan plan(const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp& op, bool as_is, bool exact = false) const;

@@ -1,5 +1,6 @@
 #include "backend/host/staging.h"
 
+#include "backend/frames.h"
 #include "backend/wide_data.h"
 
 namespace cnccl::host {
@@ -63,8 +64,7 @@ void post_scale(char* data, int64_t numel, at::ScalarType dtype, const Plan& pla
 
 Reducer reducer(const Plan& plan, at::ScalarType dtype) {
   if (!plan.compress) return aten_reducer(dtype, plan.inner_op);
-  if (plan.inner_op != RedOp::SUM) return aten_reducer(plan.wire == compress::Wire::kFp16 ? at::kHalf : at::kBFloat16,
-                                                       plan.inner_op);
+  if (plan.inner_op != RedOp::SUM) return aten_reducer(frames::wire_dtype(plan.wire), plan.inner_op);
   return [wire = plan.wire](void* acc, const void* in, size_t n) {
     compress::add(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(in), n, wire);
   };

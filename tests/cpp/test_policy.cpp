@@ -138,6 +138,30 @@ TEST(Policy, Fp32SumsGoAllToAllOffOneHost) {
   EXPECT_EQ(choose_reduce_scatter(SharedMemory::kPerHost, true), AllreduceAlgorithm::kAlltoall);
 }
 
+// Frames have no shared-memory form.
+TEST(Policy, Pow2FramesAlwaysGoAllToAll) {
+  for (SharedMemory shm : {SharedMemory::kNone, SharedMemory::kOneHost, SharedMemory::kPerHost}) {
+    EXPECT_EQ(choose_allreduce(0, shm, true, true), AllreduceAlgorithm::kAlltoall);
+    EXPECT_EQ(choose_reduce_scatter(shm, true, true), AllreduceAlgorithm::kAlltoall);
+  }
+}
+
+TEST(Policy, AnFp8WireFramesSumsAndLeavesMinAndMaxExact) {
+  Config c;
+  c.wire = compress::Wire::kE4m3;
+  c.accumulate = Accumulate::kFp32;
+  c.scaling = Scaling::kPow2;
+  for (RedOp op : {RedOp::SUM, RedOp::AVG, RedOp::PREMUL_SUM}) {
+    const Plan p = plan_reduction(c, at::kFloat, 1 << 20, op, 0.5, 4);
+    EXPECT_TRUE(p.compress && p.fp32_sum && p.pow2) << op_name(op);
+    EXPECT_EQ(traffic(p, 1000, 4000).wire_bytes, 1000) << "one byte an element";
+  }
+  for (RedOp op : {RedOp::MIN, RedOp::MAX}) EXPECT_FALSE(plan_reduction(c, at::kFloat, 1 << 20, op, 1.0, 4).compress);
+  c.wire = compress::Wire::kFp16;
+  EXPECT_TRUE(plan_reduction(c, at::kFloat, 1 << 20, RedOp::MAX, 1.0, 4).compress) << "a 16-bit MAX as before";
+  EXPECT_FALSE(plan_reduction(c, at::kFloat, 1 << 20, RedOp::MAX, 1.0, 4).pow2);
+}
+
 TEST(Policy, Fp32SumsOnlyForCompressedSums) {
   Config fp32;
   fp32.accumulate = Accumulate::kFp32;
@@ -211,6 +235,39 @@ TEST(Options, StochasticRoundingNeedsFp32AccumulationAndTakesASeed) {
   const Plan p = plan_reduction(c, at::kFloat, 1 << 20, RedOp::AVG, 1.0, 4);
   EXPECT_TRUE(p.fp32_sum && p.stochastic);
   EXPECT_FALSE(plan_reduction(c, at::kFloat, 1 << 20, RedOp::MAX, 1.0, 4).stochastic);
+}
+
+namespace {
+std::string resolve_error(const Options& o) {
+  try {
+    o.resolve();
+  } catch (const c10::ValueError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Options, Pow2AndTheFp8WiresNeedFp32AccumulationAndNotStochasticRounding) {
+  Options o;
+  o.scaling = "pow2";
+  EXPECT_NE(resolve_error(o).find("scaling=pow2 (CNCCL_SCALING / Options.scaling) needs accumulate=fp32"),
+            std::string::npos) << resolve_error(o);
+  o.accumulate = "fp32";
+  EXPECT_EQ(o.resolve().scaling, Scaling::kPow2);
+  o.rounding = "sr";
+  EXPECT_NE(resolve_error(o).find("does not yet combine with rounding=sr"), std::string::npos) << resolve_error(o);
+  o.rounding.reset();
+  o.scaling = "pow3";
+  EXPECT_NE(resolve_error(o).find("Options.scaling='pow3' is not valid; allowed: none, pow2"), std::string::npos);
+  o.scaling.reset();
+  for (const char* fp8 : {"e4m3", "E5M2"}) {
+    o.wire_dtype = fp8;
+    EXPECT_NE(resolve_error(o).find("needs accumulate=fp32 and scaling=pow2"), std::string::npos) << fp8;
+    ::setenv("CNCCL_SCALING", "pow2", 1);
+    EXPECT_EQ(o.resolve().wire_name(), fp8[0] == 'e' ? "e4m3" : "e5m2");
+    ::unsetenv("CNCCL_SCALING");
+  }
 }
 
 TEST(Options, AccumulateFromEnvironmentOrField) {

@@ -19,7 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import cnccl
 from harness import Cases, cached_job, check_case, gloo_group
 from models import Block, train
-from wire_formats import ANY_OWNER, CONTRIBUTION, RESULT, random_bits, stochastic_round
+from wire_formats import (ANY_OWNER, CONTRIBUTION, FRAME_DTYPE, RESULT, framed_allreduce, framed_owner_sum, random_bits,
+                          stochastic_round)
 
 case = Cases()
 
@@ -275,6 +276,24 @@ def stochastic_rounding_on_the_gpu_equals_the_cpu_emulation(ctx):
         dist.reduce_scatter_tensor(out, late(x), group=g)
         same(out.cpu(), stochastic_round(host, random_bits(0, N, seed, 2, 0, CONTRIBUTION), wire).float(),
              f"reduce_scatter sr {wire}")
+
+
+@case
+def pow2_frames_on_the_gpu_equal_the_cpu_emulation(ctx):
+    """Frames are ATen operations on the tensor's device: NCCL moves them as bytes, and the bits are the
+    emulation's (wire_formats.py), fp8 included, on any GPU architecture."""
+    for wire in FRAME_DTYPE:
+        g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
+            wire_dtype=wire, min_bytes=0, accumulate="fp32", scaling="pow2"))
+        x = ctx.data(N)
+        host = x.cpu()
+        for op, pre in ((R.SUM, 1.0), (R.AVG, 1.0)):
+            t = late(x)
+            dist.all_reduce(t, op=op, group=g)
+            same(t.cpu(), framed_allreduce([host], wire, pre), f"allreduce pow2 {wire} {op}")
+        out = torch.empty(N, device=ctx.device)
+        dist.reduce_scatter_tensor(out, late(x), group=g)
+        same(out.cpu(), framed_owner_sum([host], wire, 1.0), f"reduce_scatter pow2 {wire}")
 
 
 @case

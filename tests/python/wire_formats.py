@@ -1,4 +1,7 @@
-"""Facts about the 16-bit wire formats that the tests' rounding bounds are built from."""
+"""Facts about the wire formats that the tests' rounding bounds are built from, and emulations of what
+cnccl computes with them (fp32 sums, stochastic rounding, power-of-two frames)."""
+
+import math
 
 import numpy as np
 import torch
@@ -7,6 +10,43 @@ WIRE_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
 UNIT = {"fp16": 2.0**-11, "bf16": 2.0**-8}  # unit roundoff of the wire format
 # The absolute error of a rounding that lands among the wire's subnormals.
 HALF_SUBNORMAL_STEP = {"fp16": 2.0**-25, "bf16": 2.0**-134}
+
+# Power-of-two frames (docs/design.md, "Numerics"), which also carry the 8-bit formats.
+FRAME_DTYPE = {**WIRE_DTYPE, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FRAME_UNIT = {**UNIT, "e4m3": 2.0**-4, "e5m2": 2.0**-3}
+FRAME_HALF_SUBNORMAL_STEP = {**HALF_SUBNORMAL_STEP, "e4m3": 2.0**-10, "e5m2": 2.0**-17}
+EMAX = {"fp16": 15, "bf16": 127, "e4m3": 8, "e5m2": 15}  # the exponent of the format's largest binade
+
+
+def frame_exponent(y, wire):
+    """A frame's exponent k: amax * 2^k lands in the wire's second-largest binade (Python's frexp)."""
+    amax = y.abs().max().item() if y.numel() else 0.0
+    if amax == 0 or not math.isfinite(amax):
+        return 0
+    return max(-126, min(126, EMAX[wire] - math.frexp(amax)[1]))
+
+
+def framed(y, wire):
+    """y (fp32) through a frame: the values the receiver decodes, and the exponent."""
+    k = frame_exponent(y, wire)
+    return (y * 2.0**k).to(FRAME_DTYPE[wire]).float() * 2.0**-k, k
+
+
+def framed_owner_sum(parts, wire, pre):
+    """Every rank's part (rank order) scaled, framed and decoded, added in fp32 in rank order."""
+    acc = None
+    for x in parts:
+        decoded, _ = framed((x * pre).float(), wire)
+        acc = decoded if acc is None else acc + decoded
+    return acc
+
+
+def framed_allreduce(inputs, wire, pre):
+    """Parts of ceil(n / ranks) elements (the last short or empty), each owner's sum framed again."""
+    n, world = inputs[0].numel(), len(inputs)
+    c = -(-n // world)
+    return torch.cat([framed(framed_owner_sum([x[p * c:(p + 1) * c] for x in inputs], wire, pre), wire)[0]
+                      for p in range(world)])
 
 
 def rank_order_sum(inputs, wire, pre=1.0):
