@@ -1,13 +1,13 @@
-// Power-of-two frames (docs/design.md, "Numerics: scaling=pow2 and the 8-bit wires"): how a part
-// of a compressed sum travels when scaling=pow2. A frame is a 4-byte header, the int32 exponent k,
-// then the part's values times 2^k in the wire format, padded to 4 bytes. The sender picks k from
-// the part's own amax, so nothing is agreed beforehand and no round trip is added; the receiver
-// decodes exactly.
+// Power-of-two frames (docs/design.md, "Numerics"): how a part of a compressed sum travels when
+// scaling=pow2. A frame is a 4-byte header, the int32 exponent k, then the part's values times 2^k in
+// the wire format, padded to 4 bytes. The sender picks k from the part's own amax, so nothing is
+// agreed beforehand and no round trip is added; the receiver decodes exactly.
 //
-// Written with ATen operations, which run on the frames' own device (CUDA: on its current stream)
-// without reading anything back to the host: one definition for the host path, gloo and NCCL.
-// Every step is an fp32 multiplication by a power of two or torch's own round-to-nearest-even
-// conversion, so a test's emulation in plain torch gives the same bits.
+// Two implementations of one definition: the codec's CPU kernels (compress/codec.h) for CPU tensors,
+// and ATen operations for every other device, which run on its current stream without reading
+// anything back to the host. Every step is an fp32 or fp64 multiplication by an exact scale, an fp32
+// add, or a round-to-nearest-even conversion identical to torch's, so both give the same bits, and
+// so does a test's emulation in plain torch (tests/cpp/test_frames.cpp holds the two to it on the CPU).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -24,22 +24,30 @@ at::ScalarType wire_dtype(compress::Wire wire);
 // Bytes of a frame holding `count` elements of `wire`.
 int64_t frame_bytes(int64_t count, compress::Wire wire);
 
-// The exponent each part takes: with y the part's values (fp32) and amax = max |y|, finite and
-// non-zero, k = clamp(emax - e, -126, 126), where amax = m * 2^e with m in [0.5, 1) and emax is
-// the exponent of the wire's largest binade (fp16 15, bf16 127, e4m3 8, e5m2 15); else k = 0. Then
-// amax * 2^k lies in [2^(emax-1), 2^emax): one binade of headroom, so rounding never overflows.
-// `amax`: fp32, one per part; returns int32.
-at::Tensor exponents(const at::Tensor& amax, compress::Wire wire);
+// Which implementation runs: the one for the tensors' device, or ATen's even on the CPU (tests).
+enum class Impl : uint8_t { kForDevice, kAten };
 
-// Writes frames[r] (a uint8 [rows, frame_bytes] tensor) from wide[r] (fp32 or fp64, [rows, count]):
-// y = fp32(wide * scale) (the product in wide's precision), k from y's amax, then round(y * 2^k).
-void encode(const at::Tensor& wide, double scale, compress::Wire wire, const at::Tensor& frames);
+// Writes frames[r] (uint8 [rows.size(), frame_bytes(count)]) from rows[r] (fp32 or fp64, flat, at most
+// `count` elements; a shorter row is padded with zeros) times `scale` (s = fp32(scale)). With
+// a = fp32(max_i |rows[r][i]| * |s|) (the product formed in the row's precision): if a is finite and
+// non-zero, a = m * 2^e with m in [0.5, 1) and k = clamp(emax - e, -126, 126), emax the exponent of the
+// wire's largest binade (fp16 15, bf16 127, e4m3 8, e5m2 15); else k = 0. The payload is
+// compress::cast(rows[r], s * 2^k): each value times that exact scale, rounded to the wire. The
+// largest lands in [2^(emax-1), 2^emax): rounding up never overflows.
+void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, compress::Wire wire,
+            const at::Tensor& frames, Impl impl = Impl::kForDevice);
+// `flat` cut into `parts` rows of `count` elements (the last ones short or empty).
+std::vector<at::Tensor> parts_of(const at::Tensor& flat, int64_t parts, int64_t count);
 
-// The values frames[r] hold: fp32 [rows, count], widen(payload) * 2^-k.
-at::Tensor decode(const at::Tensor& frames, int64_t count, compress::Wire wire);
+// out (fp32 [count], contiguous) = each frame's values widened and multiplied by 2^-k, added in fp32
+// in the order given (one frame a rank, rank 0 first): compress::scaled_sum. Returns out.
+at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::Wire wire, const at::Tensor& out,
+               Impl impl = Impl::kForDevice);
 
-// fp32 [count]: the decoded values of `frames` (one a rank, rank 0 first) added in fp32 in that
-// order.
-at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::Wire wire);
+// Writes the values of `frames` ([rows, frame_bytes(count)], row after row) into `dst` (fp32 or fp64,
+// any strides, at most rows * count elements): widen(payload) * fp32(post_scale * 2^-k), multiplied
+// in dst's precision as compress::restore does.
+void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, double post_scale, const at::Tensor& dst,
+             Impl impl = Impl::kForDevice);
 
 }  // namespace cnccl::frames

@@ -52,4 +52,21 @@ void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire
 // a reduce_scatter with fp32 accumulation writes it straight into its wide output.
 void sum(const uint16_t* const* in, size_t k, float* dst, size_t n, Wire wire);
 
+// Power-of-two frames on the CPU (backend/frames.h defines them; cpu_frames.cpp, scalar).
+// max |src[i]| over n elements, 0 for none; NaN if any element is NaN.
+float amax(const float* src, size_t n);
+double amax(const double* src, size_t n);
+// dst[i] = round8(src[i] * scale) for the 8-bit wires, the product formed as cast() forms it;
+// round-to-nearest-even, bit-identical to torch's conversions: e4m3 saturates at +-448 (it has no
+// infinities) and e5m2 overflows to inf; NaN stays NaN.
+void cast(const float* src, uint8_t* dst, size_t n, float scale, Wire wire);
+void cast(const double* src, uint8_t* dst, size_t n, float scale, Wire wire);
+// dst[i] = widen(src[i]) * scale for the 8-bit wires, as restore() above.
+void restore(const uint8_t* src, float* dst, size_t n, float scale, Wire wire);
+void restore(const uint8_t* src, double* dst, size_t n, float scale, Wire wire);
+// dst[i] = ((widen(in[0][i]) * scales[0] + widen(in[1][i]) * scales[1]) + ...) + widen(in[k-1][i]) *
+// scales[k-1], in fp32 (each product rounded, then each add): the owner's sum of k frames, on any
+// wire (in[r] points at 16-bit or 8-bit values).
+void scaled_sum(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire wire);
+
 }  // namespace cnccl::compress

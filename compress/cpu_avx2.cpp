@@ -210,10 +210,73 @@ void sum_f32(const uint16_t* const* in, size_t k, float* dst, size_t n, Wire w) 
   }
 }
 
+// Largest |x|: the sign bits cleared, the largest bit pattern is the largest magnitude (NaN's exceed
+// infinity's).
+float amax_f32(const float* src, size_t n) {
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256i m = _mm256_setzero_si256();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    m = _mm256_max_epu32(m, _mm256_and_si256(x, magnitude));
+  }
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m);
+  uint32_t bits = *std::max_element(lanes, lanes + 8);
+  for (; i < n; ++i) {
+    uint32_t x;
+    __builtin_memcpy(&x, src + i, sizeof x);
+    bits = std::max(bits, x & 0x7FFFFFFFu);
+  }
+  return amax_of_bits(bits);
+}
+
+// to_fp8 (cpu_frames.cpp) on 8 lanes: the normal and subnormal roundings both computed, then chosen.
+void cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w) {
+  const int m = w == Wire::kE4m3 ? 3 : 2, bias = w == Wire::kE4m3 ? 7 : 15;
+  const int overflow = w == Wire::kE4m3 ? 0x7E : 0x7C, shift = 23 - m;
+  const __m256 s = _mm256_set1_ps(scale);
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
+  const __m256i min_normal = _mm256_set1_epi32((128 - bias) << 23);
+  const __m256i big_bits = _mm256_set1_epi32((128 - bias - m + 23) << 23);
+  const __m256i half_minus_one = _mm256_set1_epi32((1 << (shift - 1)) - 1), one = _mm256_set1_epi32(1);
+  const __m256i rebias = _mm256_set1_epi32((127 - bias) << m), top = _mm256_set1_epi32(overflow);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i x = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(src + i), s));
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 24), _mm256_set1_epi32(0x80));
+    const __m256i ax = _mm256_and_si256(x, magnitude);
+    const __m256i subnormal = _mm256_sub_epi32(
+        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(ax), _mm256_castsi256_ps(big_bits))), big_bits);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ax, shift), one);
+    const __m256i rounded = _mm256_add_epi32(ax, _mm256_add_epi32(half_minus_one, odd));
+    const __m256i normal = _mm256_min_epi32(_mm256_sub_epi32(_mm256_srli_epi32(rounded, shift), rebias), top);
+    __m256i code = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(min_normal, ax));
+    code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F), _mm256_cmpgt_epi32(ax, inf));
+    code = _mm256_or_si256(code, sign);
+    const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + i), _mm_packus_epi16(words, words));
+  }
+  for (; i < n; ++i) dst[i] = to_fp8(src[i] * scale, w);
+}
+
+// Each byte's value looked up in the format's table of 256, eight at a time.
+void restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w) {
+  const float* values = fp8_values(w);
+  const __m256 s = _mm256_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_i32gather_ps(values, codes, 4), s));
+  }
+  for (; i < n; ++i) dst[i] = values[src[i]] * scale;
+}
+
 }  // namespace
 
 const CpuKernels* avx2_f16c_kernels() {
-  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add, cast_add_f32, sum, sum_f32};
+  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add,
+                                  cast_add_f32, sum, sum_f32, amax_f32, cast8_f32, restore8_f32};
   return &kernels;
 }
 

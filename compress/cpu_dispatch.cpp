@@ -82,5 +82,12 @@ void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire
 void sum(const uint16_t* const* in, size_t k, float* dst, size_t n, Wire wire) {
   active().sum_f32(in, k, dst, n, wire);
 }
+float amax(const float* src, size_t n) { return active().amax_f32(src, n); }
+void cast(const float* src, uint8_t* dst, size_t n, float scale, Wire wire) {
+  active().cast8_f32(src, dst, n, scale, wire);
+}
+void restore(const uint8_t* src, float* dst, size_t n, float scale, Wire wire) {
+  active().restore8_f32(src, dst, n, scale, wire);
+}
 
 }  // namespace cnccl::compress

@@ -5,21 +5,6 @@
 #include "compress/cpu_kernels.h"
 
 namespace cnccl::compress::detail {
-namespace {
-
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-}  // namespace
 
 uint16_t f32_to_fp16(float f) {
   const uint32_t x = bits_of(f);
@@ -103,7 +88,9 @@ void sum_f32(const uint16_t* const* in, size_t k, float* dst, size_t n, Wire w) 
 }  // namespace
 
 const CpuKernels& scalar_kernels() {
-  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add, cast_add_f32, sum, sum_f32};
+  static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add,
+                                  cast_add_f32, sum, sum_f32, scalar_amax_f32, scalar_cast8_f32,
+                                  scalar_restore8_f32};
   return kernels;
 }
 

@@ -63,14 +63,14 @@ std::vector<at::Tensor> stages_of(const std::vector<Composition::Staged>& staged
 void unstage(Device& device, const Composition::Staged& s) {
   const bool in_place = s.target.is_contiguous();
   at::Tensor out = in_place ? flat(s.target) : at::empty({s.target.numel()}, s.target.options());
-  if (s.plan.pow2) {
-    // Frames: [ranks, frame bytes]. Rows hold every rank's frame of this rank's part (reduce_scatter);
-    // otherwise every owner's frame of its part's sum (allreduce, parts of ceil(n / ranks)).
-    const int64_t ranks = s.stage.size(0), n = out.numel();
-    const at::Tensor values =
-        s.rows ? frames::sum(s.stage.unbind(0), n, s.plan.wire)
-               : frames::decode(s.stage, (n + ranks - 1) / ranks, s.plan.wire).view({-1}).narrow(0, 0, n);
-    write_scaled_sums(values, out, s.plan.post_scale);
+  if (s.plan.pow2 && s.rows) {
+    // Frames, [ranks, frame bytes]: every rank's frame of this rank's part (reduce_scatter).
+    const at::Tensor sums = at::empty({out.numel()}, out.options().dtype(at::kFloat));
+    write_scaled_sums(frames::sum(s.stage.unbind(0), out.numel(), s.plan.wire, sums), out, s.plan.post_scale);
+  } else if (s.plan.pow2) {
+    // Every owner's frame of its part's sum (allreduce, parts of ceil(n / ranks)).
+    const int64_t ranks = s.stage.size(0);
+    frames::restore(s.stage, (out.numel() + ranks - 1) / ranks, s.plan.wire, s.plan.post_scale, out);
   } else if (s.rows) {
     device.sum_wide(s.stage, out, s.plan);
   } else if (s.plan.compress) {
@@ -182,14 +182,14 @@ Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const 
 Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Plan& p,
                                                   std::chrono::milliseconds timeout) {
   const int64_t n = t.numel(), part = (n + size_ - 1) / size_, frame = frames::frame_bytes(part, p.wire);
-  const at::Tensor wide = part * size_ == n ? flat(t) : at::constant_pad_nd(flat(t), {0, part * size_ - n});
   at::Tensor sent = at::empty({size_, frame}, t.options().dtype(at::kByte));
-  frames::encode(wide.view({size_, part}), p.pre_scale, p.wire, sent);
+  frames::encode(frames::parts_of(flat(t), size_, part), part, p.pre_scale, p.wire, sent);
   at::Tensor rows = at::empty_like(sent);
   WorkPtr to_owners_work = to_owners(sent, rows, timeout);
   device_->order_after(to_owners_work);
   at::Tensor mine = at::empty({1, frame}, sent.options());
-  frames::encode(frames::sum(rows.unbind(0), part, p.wire).view({1, part}), 1.0, p.wire, mine);
+  const at::Tensor sums = at::empty({part}, t.options().dtype(at::kFloat));
+  frames::encode({frames::sum(rows.unbind(0), part, p.wire, sums)}, part, 1.0, p.wire, mine);
   at::Tensor gathered = at::empty_like(sent);
   at::Tensor gathered_flat = gathered.view({-1}), mine_flat = mine.view({-1});
   c10d::AllgatherOptions back;
@@ -205,9 +205,7 @@ Composition::Issued Composition::reduce_scatter_fp32_sums(const std::vector<at::
   at::Tensor sent;
   if (p.pow2) {
     sent = at::empty({size_, frames::frame_bytes(each, p.wire)}, output.options().dtype(at::kByte));
-    std::vector<at::Tensor> rows;
-    for (const auto& part : parts) rows.push_back(flat(part));
-    frames::encode(at::stack(rows), p.pre_scale, p.wire, sent);
+    frames::encode(parts, each, p.pre_scale, p.wire, sent);
   } else {
     sent = stage(output, p, each * size_).view({size_, each});
     const compress::Dither contributions = dithers(p, each).first;

@@ -1,14 +1,14 @@
 // The host path's compressed sums in power-of-two frames (plan.pow2; backend/frames.h): every
 // rank's frame of part p goes to rank p (reduce_scatter_alltoall), which decodes and adds them in
 // fp32 in rank order. allreduce frames that sum with its own exponent and allgathers the frames;
-// reduce_scatter writes the sum, unrounded. The parts are equal (the last padded with zeros), as on
-// the composed path, so both paths pick the same exponents and give the same bits.
+// reduce_scatter writes the sum, unrounded. allreduce's parts are ceil(n / size) elements (the last
+// short or empty), as on the composed path, so both paths pick the same exponents and give the same
+// bits.
 #include "backend/frames.h"
 #include "backend/host/comm.h"
 #include "backend/host/host_path.h"
 #include "backend/host/staging.h"
 #include "backend/host/tags.h"
-#include "backend/wide_data.h"
 
 namespace cnccl::host {
 namespace {
@@ -31,26 +31,25 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
   const int64_t n = tensor.numel(), count = (n + size - 1) / size;
   const int64_t frame = frames::frame_bytes(count, plan.wire), all = frame * size;
   Step step;
-  // This rank's frame of every part, then every owner's frame of its sum.
-  step.workspace_bytes = size_t(2 * all);
+  // This rank's frame of every part, every owner's frame of its sum, then this owner's fp32 sum.
+  step.workspace_bytes = size_t(2 * all + count * int64_t(sizeof(float)));
   step.pre = [=](const Buffers& b) {
-    const at::Tensor flat = tensor.reshape({-1});
-    const at::Tensor padded = count * size == n ? flat : at::constant_pad_nd(flat, {0, count * size - n});
-    frames::encode(padded.view({size, count}), plan.pre_scale, plan.wire, frames_at(b.workspace, size, frame));
+    frames::encode(frames::parts_of(tensor.reshape({-1}), size, count), count, plan.pre_scale, plan.wire,
+                   frames_at(b.workspace, size, frame));
   };
   step.algorithm = [=, this](const Buffers& b) {
     const Parts parts = Parts::equal(size_t(frame), size);
-    const RankSum sum = [=](const char* const* inputs, char* dst, size_t, size_t) {
-      const at::Tensor total = frames::sum(received(inputs, size, frame), count, plan.wire);
-      frames::encode(total.view({1, count}), 1.0, plan.wire, frames_at(dst, 1, frame));
-    };
     char* owners = b.workspace + all;
+    const at::Tensor total = view(owners + all, count, at::kFloat);
+    const RankSum sum = [=](const char* const* inputs, char* dst, size_t, size_t) {
+      frames::sum(received(inputs, size, frame), count, plan.wire, total);
+      frames::encode({total}, count, 1.0, plan.wire, frames_at(dst, 1, frame));
+    };
     reduce_scatter_alltoall(*comm_, b.workspace, parts, 1, timed_reducer(sum), owners + rank * frame);
     allgather_ring(*comm_, owners, parts, 1, tags::kSecondPhase);
   };
   step.post = [=](const Buffers& b) {
-    const at::Tensor values = frames::decode(frames_at(b.workspace + all, size, frame), count, plan.wire);
-    write_scaled_sums(values.view({-1}).narrow(0, 0, n), tensor, plan.post_scale);
+    frames::restore(frames_at(b.workspace + all, size, frame), count, plan.wire, plan.post_scale, tensor);
   };
   return step;
 }
@@ -64,13 +63,11 @@ HostPath::Step HostPath::framed_reduce_scatter_step(const std::vector<at::Tensor
   // Every part's frame, then this rank's fp32 sums.
   step.workspace_bytes = size_t(all + each * int64_t(sizeof(float)));
   step.pre = [=](const Buffers& b) {
-    std::vector<at::Tensor> rows;
-    for (const auto& in : inputs) rows.push_back(in.reshape({-1}));
-    frames::encode(at::stack(rows), plan.pre_scale, plan.wire, frames_at(b.workspace, size, frame));
+    frames::encode(inputs, each, plan.pre_scale, plan.wire, frames_at(b.workspace, size, frame));
   };
   step.algorithm = [=, this](const Buffers& b) {
     const RankSum sum = [=](const char* const* in, char* dst, size_t, size_t) {
-      view(dst, each, at::kFloat).copy_(frames::sum(received(in, size, frame), each, plan.wire));
+      frames::sum(received(in, size, frame), each, plan.wire, view(dst, each, at::kFloat));
     };
     reduce_scatter_alltoall(*comm_, b.workspace, Parts::equal(size_t(frame), size), 1, timed_reducer(sum),
                             b.workspace + all);

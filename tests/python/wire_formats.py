@@ -26,17 +26,19 @@ def frame_exponent(y, wire):
     return max(-126, min(126, EMAX[wire] - math.frexp(amax)[1]))
 
 
-def framed(y, wire):
-    """y (fp32) through a frame: the values the receiver decodes, and the exponent."""
-    k = frame_exponent(y, wire)
-    return (y * 2.0**k).to(FRAME_DTYPE[wire]).float() * 2.0**-k, k
+def framed(x, wire, pre=1.0):
+    """x (fp32) times `pre` through a frame: the values the receiver decodes. The sender's scale is
+    fp32(pre) * 2^k, exact, applied in one fp32 multiplication; decoding multiplies by 2^-k."""
+    pre32 = torch.tensor(pre, dtype=torch.float32).item()
+    k = frame_exponent(x * pre32, wire)
+    return (x * (pre32 * 2.0**k)).to(FRAME_DTYPE[wire]).float() * 2.0**-k
 
 
 def framed_owner_sum(parts, wire, pre):
-    """Every rank's part (rank order) scaled, framed and decoded, added in fp32 in rank order."""
+    """Every rank's part (rank order) framed and decoded, added in fp32 in rank order."""
     acc = None
     for x in parts:
-        decoded, _ = framed((x * pre).float(), wire)
+        decoded = framed(x.float(), wire, pre)
         acc = decoded if acc is None else acc + decoded
     return acc
 
@@ -45,7 +47,7 @@ def framed_allreduce(inputs, wire, pre):
     """Parts of ceil(n / ranks) elements (the last short or empty), each owner's sum framed again."""
     n, world = inputs[0].numel(), len(inputs)
     c = -(-n // world)
-    return torch.cat([framed(framed_owner_sum([x[p * c:(p + 1) * c] for x in inputs], wire, pre), wire)[0]
+    return torch.cat([framed(framed_owner_sum([x[p * c:(p + 1) * c] for x in inputs], wire, pre), wire)
                       for p in range(world)])
 
 

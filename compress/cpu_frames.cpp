@@ -1,0 +1,145 @@
+// The CPU kernels of power-of-two frames (codec.h): the 8-bit formats' conversions, amax, and the
+// owner's sum of decoded frames. The scalar ones; cpu_avx2.cpp has vector forms of amax and of the
+// fp32 -> 8-bit cast. The 16-bit casts and restores of frames are the codec's own.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "compress/cpu_kernels.h"
+
+namespace cnccl::compress {
+namespace {
+
+using detail::bits_of;
+using detail::float_of;
+
+// An 8-bit format: mantissa bits, exponent bias, and what a value past its largest becomes.
+struct Fp8 {
+  uint32_t mantissa_bits;
+  uint32_t bias;
+  uint8_t overflow;  // e4m3: the largest finite value (448); e5m2: inf
+};
+constexpr Fp8 kE4m3{3, 7, 0x7E};
+constexpr Fp8 kE5m2{2, 15, 0x7C};
+
+const Fp8& format(Wire w) { return w == Wire::kE4m3 ? kE4m3 : kE5m2; }
+
+uint8_t fp8_of(float f, const Fp8& fp8) {
+  const uint32_t x = bits_of(f);
+  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return sign | 0x7F;
+  const uint32_t shift = 23 - fp8.mantissa_bits;
+  const uint32_t min_normal = (128 - fp8.bias) << 23;  // 2^(1 - bias)
+  if (ax < min_normal) {
+    // Below the smallest normal the step is 2^(1 - bias - m): adding 2^(1 - bias - m + 23) makes the
+    // fp32 adder round there, to nearest even, and the low bits are the 8-bit code (up to the
+    // smallest normal, whose code follows the subnormals').
+    const float big = float_of((128 - fp8.bias - fp8.mantissa_bits + 23) << 23);
+    return sign | static_cast<uint8_t>(bits_of(float_of(ax) + big) - bits_of(big));
+  }
+  const uint32_t rounded = ax + ((1u << (shift - 1)) - 1) + ((ax >> shift) & 1u);
+  const uint32_t code = (rounded >> shift) - ((127 - fp8.bias) << fp8.mantissa_bits);
+  return sign | static_cast<uint8_t>(code >= fp8.overflow ? fp8.overflow : code);
+}
+
+// The 256 values of an 8-bit format, exactly.
+struct Table {
+  float value[256];
+  explicit Table(const Fp8& fp8) {
+    for (uint32_t code = 0; code < 256; ++code) {
+      const uint32_t magnitude = code & 0x7F, exponent = magnitude >> fp8.mantissa_bits;
+      const uint32_t mantissa = magnitude & ((1u << fp8.mantissa_bits) - 1);
+      float v;
+      if (magnitude == 0x7F || (fp8.overflow == 0x7C && exponent == (0x7Fu >> fp8.mantissa_bits) && mantissa)) {
+        v = NAN;
+      } else if (fp8.overflow == 0x7C && magnitude == 0x7C) {
+        v = INFINITY;
+      } else if (exponent == 0) {
+        v = std::ldexp(static_cast<float>(mantissa), 1 - int(fp8.bias) - int(fp8.mantissa_bits));
+      } else {
+        v = std::ldexp(static_cast<float>(mantissa | (1u << fp8.mantissa_bits)),
+                       int(exponent) - int(fp8.bias) - int(fp8.mantissa_bits));
+      }
+      value[code] = code & 0x80 ? -v : v;
+    }
+  }
+};
+
+
+// out = widen(in[first..first+n)) * scale.
+void decode(const void* in, size_t first, float* out, size_t n, float scale, Wire wire) {
+  if (wire_bytes(wire) == 2) return restore(static_cast<const uint16_t*>(in) + first, out, n, scale, wire);
+  restore(static_cast<const uint8_t*>(in) + first, out, n, scale, wire);
+}
+
+}  // namespace
+
+namespace detail {
+
+uint8_t to_fp8(float f, Wire w) { return fp8_of(f, format(w)); }
+
+const float* fp8_values(Wire w) {
+  static const Table e4m3(kE4m3), e5m2(kE5m2);
+  return (w == Wire::kE4m3 ? e4m3 : e5m2).value;
+}
+
+float scalar_amax_f32(const float* src, size_t n) {
+  uint32_t bits = 0;
+  for (size_t i = 0; i < n; ++i) bits = std::max(bits, bits_of(src[i]) & 0x7FFFFFFFu);
+  return amax_of_bits(bits);
+}
+
+void scalar_cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w) {
+  const Fp8& fp8 = format(w);
+  for (size_t i = 0; i < n; ++i) dst[i] = fp8_of(src[i] * scale, fp8);
+}
+
+void scalar_restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w) {
+  const float* value = fp8_values(w);
+  for (size_t i = 0; i < n; ++i) dst[i] = value[src[i]] * scale;
+}
+
+}  // namespace detail
+
+double amax(const double* src, size_t n) {
+  uint64_t bits = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t x;
+    std::memcpy(&x, src + i, sizeof x);
+    bits = std::max<uint64_t>(bits, x & 0x7FFFFFFFFFFFFFFFull);
+  }
+  if (bits > 0x7FF0000000000000ull) return NAN;
+  double d;
+  std::memcpy(&d, &bits, sizeof d);
+  return d;
+}
+
+void cast(const double* src, uint8_t* dst, size_t n, float scale, Wire wire) {
+  const Fp8& fp8 = format(wire);
+  const double s = scale;
+  for (size_t i = 0; i < n; ++i) dst[i] = fp8_of(static_cast<float>(src[i] * s), fp8);
+}
+
+void restore(const uint8_t* src, double* dst, size_t n, float scale, Wire wire) {
+  const float* value = detail::fp8_values(wire);
+  const double s = scale;
+  for (size_t i = 0; i < n; ++i) dst[i] = static_cast<double>(value[src[i]]) * s;
+}
+
+void scaled_sum(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire wire) {
+  // Block by block, so that the running sum stays in cache while every rank's values are added.
+  constexpr size_t kBlock = 2048;
+  float decoded[kBlock];
+  for (size_t first = 0; first < n; first += kBlock) {
+    const size_t m = n - first < kBlock ? n - first : kBlock;
+    float* acc = dst + first;
+    for (size_t r = 0; r < k; ++r) {
+      decode(in[r], first, r == 0 ? acc : decoded, m, scales[r], wire);
+      if (r == 0) continue;
+      for (size_t i = 0; i < m; ++i) acc[i] += decoded[i];
+    }
+  }
+}
+
+}  // namespace cnccl::compress

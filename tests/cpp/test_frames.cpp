@@ -1,0 +1,109 @@
+// Power-of-two frames (backend/frames.h): the CPU kernels and the ATen operations that CUDA tensors
+// take must give the same bits; both run here on CPU tensors, on values chosen to reach every branch
+// of the definition (zeros, NaN and inf, values past fp32's and the wire's ranges, short and empty
+// rows, fp32 and fp64, scales that are not powers of two).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/frames.h"
+
+namespace cnccl::frames {
+namespace {
+
+using compress::Wire;
+
+std::vector<at::Tensor> rows_of(at::ScalarType dtype, int64_t count) {
+  at::manual_seed(5);
+  std::vector<at::Tensor> rows;
+  rows.push_back(at::randn({count}) * 1e-7);
+  rows.push_back(at::randn({count}) * at::pow(10.0, at::rand({count}) * 16 - 8));
+  rows.push_back(at::zeros({count}));
+  at::Tensor special = at::randn({count});
+  special[0] = INFINITY;
+  rows.push_back(special);
+  special = at::randn({count});
+  special[count / 2] = NAN;
+  rows.push_back(special);
+  rows.push_back(at::randn({count}) * 3e38);
+  rows.push_back(at::randn({count}) * 1e-40);  // fp32 subnormals
+  rows.push_back(at::randn({count / 3}));        // short
+  rows.push_back(at::empty({0}));                // empty
+  for (auto& r : rows) r = r.to(dtype);
+  return rows;
+}
+
+// The same bits, except that any NaN matches any NaN: torch's vectorized conversions may give a NaN
+// another payload than its scalar ones do (bf16 on processors with AVX512-BF16).
+void expect_same_bits(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+  const at::Tensor x = a.contiguous().view({-1}), y = b.contiguous().view({-1});
+  const at::ScalarType bits = x.element_size() == 8 ? at::kLong : at::kInt;
+  const at::Tensor both_nan = x.isnan().logical_and(y.isnan());
+  const at::Tensor differ = x.view(bits).ne(y.view(bits)).logical_and(both_nan.logical_not()).nonzero();
+  ASSERT_EQ(differ.numel(), 0) << what << ": " << differ.numel() << " elements differ, first at "
+                               << differ[0].item<int64_t>() << ": " << x[differ[0].item<int64_t>()].item<double>()
+                               << " vs " << y[differ[0].item<int64_t>()].item<double>();
+}
+
+// Frames compared through their headers and their values (decoded by the kernels).
+void expect_same_frames(const at::Tensor& a, const at::Tensor& b, int64_t count, Wire w, const std::string& what) {
+  expect_same_bits(a.narrow(1, 0, 4).contiguous().view(at::kInt), b.narrow(1, 0, 4).contiguous().view(at::kInt),
+                   "headers of " + what);
+  at::Tensor x = at::empty({a.size(0) * count}), y = at::empty({b.size(0) * count});
+  restore(a, count, w, 1.0, x);
+  restore(b, count, w, 1.0, y);
+  expect_same_bits(x, y, what);
+}
+
+TEST(Frames, KernelsAndAtenGiveTheSameBits) {
+  for (Wire w : {Wire::kFp16, Wire::kBf16, Wire::kE4m3, Wire::kE5m2}) {
+    for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+      for (double scale : {1.0, 1.0 / 3, -2.5e-3}) {
+        for (int64_t count : {1, 7, 1000}) {
+          const std::string what = std::string(compress::wire_name(w)) + " " + c10::toString(dtype) +
+                                   " scale " + std::to_string(scale) + " count " + std::to_string(count);
+          const auto rows = rows_of(dtype, count);
+          const int64_t n = int64_t(rows.size());
+          at::Tensor kernels = at::empty({n, frame_bytes(count, w)}, at::kByte);
+          at::Tensor aten = at::empty_like(kernels);
+          encode(rows, count, scale, w, kernels);
+          encode(rows, count, scale, w, aten, Impl::kAten);
+          expect_same_frames(kernels, aten, count, w, "encode " + what);
+
+          const auto frames = kernels.unbind(0);
+          expect_same_bits(sum(frames, count, w, at::empty({count})), sum(frames, count, w, at::empty({count}), Impl::kAten),
+                           "sum " + what);
+
+          for (at::ScalarType out : {at::kFloat, at::kDouble}) {
+            at::Tensor a = at::empty({n * count - 2}, out), b = at::empty({n * count - 2}, out);
+            restore(kernels, count, w, 3.0, a);
+            restore(kernels, count, w, 3.0, b, Impl::kAten);
+            expect_same_bits(a, b, "restore " + what);
+            at::Tensor strided = at::empty({2, n * count}, out).select(1, 0);  // a column: not contiguous
+            at::Tensor c = at::empty({2}, out);
+            restore(kernels, count, w, 1.0, strided);
+            restore(kernels, count, w, 1.0, c, Impl::kAten);
+            expect_same_bits(strided, c, "strided restore " + what);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The exponent puts a row's largest magnitude one binade below the wire's largest, where a power of
+// two is exact: decoding gives back the rounded values, and a well-ranged row what scaling=none gives.
+TEST(Frames, ThePowerOfTwoIsExactWhereNothingOverflowsOrUnderflows) {
+  const at::Tensor x = at::rand({4096}) * 100 + 1;  // [1, 101]: normal in fp16 scaled or not
+  at::Tensor frames = at::empty({1, frame_bytes(4096, Wire::kFp16)}, at::kByte);
+  encode({x}, 4096, 1.0, Wire::kFp16, frames);
+  at::Tensor back = at::empty({4096});
+  restore(frames, 4096, Wire::kFp16, 1.0, back);
+  EXPECT_TRUE(at::equal(back, x.to(at::kHalf).to(at::kFloat)));
+  int32_t k;
+  std::memcpy(&k, frames.const_data_ptr<uint8_t>(), 4);
+  EXPECT_EQ(k, 15 - 7) << "amax in [64, 128): 2^7 -> 2^14";
+}
+
+}  // namespace
+}  // namespace cnccl::frames
