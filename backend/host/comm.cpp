@@ -21,6 +21,10 @@ uint64_t fnv1a(const std::string& text) {
 // The longest a waiting rank sleeps without looking at its deadline and abort flag.
 constexpr std::chrono::milliseconds kMaxSleep{1};
 
+// How long a rank whose message failed waits for a notice that explains why: the sender pushes
+// its notices out before it fails, so they are in flight by then.
+constexpr std::chrono::milliseconds kNoticeGrace{200};
+
 }  // namespace
 
 Comm::Comm(std::unique_ptr<Transport> transport, std::string group_name)
@@ -74,6 +78,12 @@ void Comm::settle_headers() {
   if (headers_.empty()) return;
   std::vector<Pending> headers = std::move(headers_);
   headers_.clear();
+  // The receives first: a peer that sees the disagreement fails and may tear down its transport
+  // before this rank's header to it completes, and that send error would hide the cause.
+  std::vector<Pending> sends;
+  sends.push_back(std::move(headers[2]));
+  sends.push_back(std::move(headers[3]));
+  headers.resize(2);
   wait_all(headers);
   for (const auto& [theirs, peer] : {std::pair{&header_from_left_, left()}, std::pair{&header_from_right_, right()}}) {
     if (*theirs == header_out_) continue;
@@ -82,6 +92,7 @@ void Comm::settle_headers() {
     notify_peers(what);
     fail(what, peer);
   }
+  wait_all(sends);
 }
 
 void Comm::notify_peers(const std::string& what) {
@@ -152,7 +163,7 @@ void Comm::wait_all(std::vector<Pending>& pending) {
     Pending& p = pending[next];
     if (p.request->done()) {
       const std::string problem = check(p, p.is_recv ? "receive" : "send");
-      if (!problem.empty()) fail(problem, p.peer);
+      if (!problem.empty()) fail_after_notices(problem, p.peer);
       ++next;
       continue;
     }
@@ -169,6 +180,19 @@ void Comm::wait_all(std::vector<Pending>& pending) {
     // no slower than with a spin phase first, and 4 ranks on 2 cores slower with one.
     transport_->wait_for_activity(kMaxSleep);
   }
+}
+
+void Comm::fail_after_notices(const std::string& what, int peer) {
+  // A rank that found a disagreement notifies every peer, fails, and may tear its transport down
+  // at once; this rank's messages to it then fail with a transport error that hides the cause.
+  // The notice was sent first, so a short wait for it reports the disagreement instead.
+  const auto until = Clock::now() + kNoticeGrace;
+  while (true) {
+    check_notices();
+    if (Clock::now() >= until) break;
+    if (!transport_->progress()) transport_->wait_for_activity(kMaxSleep);
+  }
+  fail(what, peer);
 }
 
 void Comm::check_notices() const {

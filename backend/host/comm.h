@@ -97,6 +97,8 @@ class Comm {
   void notify_peers(const std::string& what);
   // Fails with a notice another rank sent, if one has arrived.
   void check_notices() const;
+  // Fails with `what`, or with a notice that arrives within a short grace and explains it.
+  [[noreturn]] void fail_after_notices(const std::string& what, int peer);
 
   std::unique_ptr<Transport> transport_;
   std::string group_name_;

@@ -12,6 +12,10 @@ What keeps one job's outcome from depending on anything but its cases:
 - After a case fails on any rank, every rank builds its module's Context again (fresh groups), so
   a group left unusable by one failure does not fail the cases after it. The default group
   cannot be rebuilt: cases that use it say so by failing with the earlier failure's message.
+- After a failed case the ranks also agree again on how many groups they have created (torch names
+  groups by that count), since a case that failed part way may have created fewer on some ranks.
+- Each rank's output goes to a log in the job's folder; a rank that stops early fails the cases
+  it did not finish with its error and the end of that log.
 - `cached_job` keeps a job's exception as well as its results: a job that timed out is not
   launched again for each of its parametrized tests.
 """
@@ -163,23 +167,62 @@ def cached_job(module, world_size, **kwargs):
 
 def run_job(module, world_size, timeout=900, env=None, hosts=1):
     """Starts `world_size` ranks of `python -m harness module` (on `hosts` simulated hosts, as
-    `launch`) and returns the merged results."""
+    `launch`) and returns the merged results. A rank that stopped early (an error outside its cases,
+    a crash, the job's timeout) fails every case it did not finish, with what stopped it and the end
+    of its log; a job in which no rank ran any case raises that instead."""
     out = tempfile.mkdtemp(prefix="cnccl-test-")
     store, procs = launch([os.path.abspath(__file__), module], world_size, env, out, hosts)
     codes = wait_all(procs, timeout)
     del store
+    reports = [_read_report(out, rank) for rank in range(world_size)]
+    stopped = {rank: _why_stopped(module, world_size, out, rank, report["error"], codes)
+               for rank, report in enumerate(reports) if not report["finished"]}
+    if not any(r["cases"] for r in reports) and stopped:
+        raise RuntimeError("\n".join(stopped.values()))
     results = {}
-    for rank in range(world_size):
-        path = os.path.join(out, f"rank{rank}.json")
-        if not os.path.exists(path):
-            raise RuntimeError(f"rank {rank} of {module} (world {world_size}) wrote no results; exit codes {codes}")
-        with open(path) as f:
-            for name, failure in json.load(f).items():
-                if failure:
-                    results[name] = (results.get(name) or "") + f"[rank {rank}] {failure}\n"
-                else:
-                    results.setdefault(name, None)
+    for rank, report in enumerate(reports):
+        for name, failure in report["cases"].items():
+            if failure:
+                results[name] = (results.get(name) or "") + f"[rank {rank}] {failure}\n"
+            else:
+                results.setdefault(name, None)
+    for rank, why in stopped.items():
+        for name in results:
+            if name not in reports[rank]["cases"]:
+                results[name] = (results.get(name) or "") + why + "\n"
+    if stopped:
+        results[_NOT_REACHED] = "\n".join(stopped.values())
     return results
+
+
+# The results' entry for the cases no rank reached: why the job stopped before them.
+_NOT_REACHED = "(not reached)"
+
+
+def _why_stopped(module, world_size, out, rank, error, codes):
+    cause = error or f"no Python error: it crashed or was killed; exit codes {codes}"
+    return (f"rank {rank} of {module} (world {world_size}) stopped early: {cause}\n"
+            f"the end of its log ({out}/rank{rank}.log):\n{_log_tail(out, rank)}")
+
+
+def _read_report(out, rank):
+    path = os.path.join(out, f"rank{rank}.json")
+    if not os.path.exists(path):
+        return {"cases": {}, "finished": False, "error": None}
+    with open(path) as f:
+        return json.load(f)
+
+
+def _log_tail(out, rank, lines=40):
+    """The last lines of a rank's log, less UCX's warnings (a failed collective leaves many behind)."""
+    try:
+        with open(os.path.join(out, f"rank{rank}.log"), errors="replace") as f:
+            text = f.read().splitlines()
+    except OSError as e:
+        return f"(no log: {e})"
+    kept = [line for line in text if "UCX  WARN" not in line]
+    left_out = len(text) - len(kept)
+    return "\n".join(kept[-lines:]) + (f"\n({left_out} UCX warnings left out)" if left_out else "")
 
 
 # What carries CPU tensors' collectives: cnccl's host path through shared memory (every rank on
@@ -201,43 +244,78 @@ def check_case(results, name, world_size, cases):
 
     if world_size < cases.min_world(name):
         pytest.skip(f"needs at least {cases.min_world(name)} ranks")
-    failure = results.get(name, "case did not run")
+    failure = results.get(name, results.get(_NOT_REACHED, "case did not run"))
     assert failure is None, failure
+
+
+def _realign_group_names(steps):
+    """torch names a new group by how many groups this rank has created, and its ranks meet in the
+    store under that name. A case that failed part way on some ranks may have left them having
+    created fewer groups than the others; every later group would then wait for peers under
+    another name until its timeout. All ranks continue from the highest count."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    count = torch.tensor([distributed_c10d._world.group_count], dtype=torch.int64)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX, group=steps)
+    distributed_c10d._world.group_count = int(count.item())
 
 
 def _worker(module):
     import importlib
 
-    import torch
-    import torch.distributed as dist
+    out, rank, world = os.environ["CNCCL_TEST_OUT"], int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # Everything the rank prints, UCX's and torch's C++ output included, goes to its log, which a
+    # failure quotes: a job's output interleaved from every rank would bury the one line that matters.
+    log = os.open(os.path.join(out, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    report = {"cases": {}, "finished": False, "error": None}
 
-    import cnccl  # noqa: F401
+    def save():
+        # Rewritten after every case, so a rank that dies later still reports what it finished.
+        path = os.path.join(out, f"rank{rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(report, f)
+        os.replace(path + ".tmp", path)
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("cnccl", store=connect_store(), rank=rank, world_size=world, timeout=CASE_TIMEOUT)
-    # The harness's own group, which keeps ranks in step between cases: it outwaits the ranks that
-    # are still failing their case's collectives one timeout at a time.
-    steps = dist.new_group(backend="gloo", timeout=10 * CASE_TIMEOUT)
-    mod = importlib.import_module(module)
-    ctx = mod.Context(rank, world) if hasattr(mod, "Context") else None
-    cases = getattr(mod, os.environ.get("CNCCL_TEST_CASES", "case"))
-    results = {}
-    for name, (fn, min_world) in cases.all.items():
-        if world < min_world:
-            continue
-        if os.environ.get("CNCCL_TEST_TRACE"):
+    try:
+        import torch
+        import torch.distributed as dist
+
+        import cnccl  # noqa: F401
+
+        dist.init_process_group("cnccl", store=connect_store(), rank=rank, world_size=world, timeout=CASE_TIMEOUT)
+        # The harness's own group, which keeps ranks in step between cases: it outwaits the ranks that
+        # are still failing their case's collectives one timeout at a time.
+        steps = dist.new_group(backend="gloo", timeout=10 * CASE_TIMEOUT)
+        mod = importlib.import_module(module)
+        ctx = mod.Context(rank, world) if hasattr(mod, "Context") else None
+        cases = getattr(mod, os.environ.get("CNCCL_TEST_CASES", "case"))
+        for name, (fn, min_world) in cases.all.items():
+            if world < min_world:
+                continue
             print(f"[rank {rank}] case {name}", file=sys.stderr, flush=True)
-        try:
-            fn(ctx)
-            results[name] = None
-        except Exception:  # noqa: BLE001 - every failure is reported, then the next case runs
-            results[name] = traceback.format_exc(limit=6)
-        failed = torch.tensor([results[name] is not None], dtype=torch.int32)
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=steps)
-        if failed.item() and ctx is not None:
-            ctx = mod.Context(rank, world)
-    with open(os.path.join(os.environ["CNCCL_TEST_OUT"], f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
+            try:
+                fn(ctx)
+                failure = None
+            except Exception:  # noqa: BLE001 - every failure is reported, then the next case runs
+                failure = traceback.format_exc(limit=6)
+            report["cases"][name] = failure
+            save()
+            failed = torch.tensor([failure is not None], dtype=torch.int32)
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=steps)
+            if failed.item():
+                _realign_group_names(steps)
+                if ctx is not None:
+                    ctx = mod.Context(rank, world)
+    except BaseException:
+        report["error"] = traceback.format_exc(limit=8)
+        save()
+        raise
+    report["finished"] = True
+    save()
     dist.destroy_process_group()
 
 

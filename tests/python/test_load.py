@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import cnccl
-from harness import Cases, engine_env, gloo_group, run_job
+from harness import Cases, check_case, engine_env, gloo_group, run_job
 
 case = Cases()
 
@@ -98,5 +98,4 @@ def test_ten_thousand_mixed_async_collectives(engine):
     # A fixed mmap threshold: glibc otherwise raises it after large frees and keeps later tensors
     # in its heap, growing the resident size by itself; the test measures cnccl's growth.
     env = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), **engine_env(engine)}
-    failure = run_job(__name__, 2, timeout=900, env=env).get("ten_thousand_mixed_async_collectives", "case did not run")
-    assert failure is None, failure
+    check_case(run_job(__name__, 2, timeout=900, env=env), "ten_thousand_mixed_async_collectives", 2, case)

@@ -1,5 +1,6 @@
 // Comm (backend/host/comm.cpp) over the in-memory transport: the signature headers that make
-// ranks which called different collectives fail, naming both calls.
+// ranks which called different collectives fail, naming both calls, even when a peer that saw
+// the disagreement first has torn its transport down.
 #include <gtest/gtest.h>
 
 #include "backend/host/algorithms.h"
@@ -15,6 +16,88 @@ TEST(CommHeaders, RanksThatCalledDifferentCollectivesFailNamingBoth) {
     EXPECT_NE(errors[r].find("disagree"), std::string::npos) << "rank " << r << ": " << errors[r];
   }
   EXPECT_NE(errors[0].find("1024 x Float"), std::string::npos) << errors[0];
+}
+
+// A send that was delivered but reports the error UCX gives once the receiver has torn down its
+// worker (the receiver failed on the disagreement and destroyed its group first).
+class PeerGoneRequest final : public Request {
+ public:
+  bool done() const override { return true; }
+  const std::string& error() const override { return error_; }
+  size_t received_bytes() const override { return 0; }
+  uint64_t sender_tag() const override { return 0; }
+  void cancel() override {}
+
+ private:
+  std::string error_ = "Shared memory error";
+};
+
+class PeerGoneTransport final : public Transport {
+ public:
+  PeerGoneTransport(Fabric& fabric, int rank, int size, int gone) : inner_(fabric, rank, size), gone_(gone) {}
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    auto request = inner_.isend(peer, tag, data, bytes);
+    if (peer != gone_) return request;
+    return std::make_unique<PeerGoneRequest>();
+  }
+  std::unique_ptr<Request> irecv(int peer, uint64_t tag, uint64_t mask, void* data, size_t bytes) override {
+    return inner_.irecv(peer, tag, mask, data, bytes);
+  }
+  bool progress() override { return inner_.progress(); }
+  void wait_for_activity(std::chrono::microseconds limit) override { inner_.wait_for_activity(limit); }
+  uint64_t bytes_sent() const override { return inner_.bytes_sent(); }
+  std::string describe() const override { return "memory, rank " + std::to_string(gone_) + " gone"; }
+
+ private:
+  MemoryTransport inner_;
+  int gone_;
+};
+
+// Every rank's error from a collective running `body`, in which rank `odd` called another
+// collective and every send to rank `gone` fails after delivery.
+std::vector<std::string> disagreement_with_a_peer_gone(int size, int odd, int gone,
+                                                       const std::function<void(Comm&)>& body) {
+  Fabric fabric(size);
+  std::vector<std::string> errors(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        Comm comm(std::make_unique<PeerGoneTransport>(fabric, r, size, gone), "memory");
+        comm.begin("test", 0, std::chrono::seconds(30), r == odd ? "999 x Float" : "1000 x Float");
+        body(comm);
+        comm.end();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+TEST(CommHeaders, TheOddRankNamesTheDisagreementWhenItsHeaderToAGonePeerFails) {
+  // Rank 1's header to rank 2 fails; the headers rank 1 received still show the disagreement.
+  const auto errors = disagreement_with_a_peer_gone(4, 1, 2, barrier_direct);
+  EXPECT_NE(errors[1].find("ranks disagree"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("999 x Float"), std::string::npos) << errors[1];
+  EXPECT_EQ(errors[1].find("transport"), std::string::npos) << errors[1];
+}
+
+TEST(CommHeaders, ARankWhoseNeighboursAgreeReportsThePeersNoticeNotTheSendError) {
+  // Rank 3's neighbours (2 and 0) called what it called, so it goes on to send to the odd rank,
+  // which fails. Ranks 0 and 2 saw the disagreement and sent notices, which explain the failure.
+  const auto errors = disagreement_with_a_peer_gone(4, 1, 1, [](Comm& comm) {
+    if (comm.rank() != 3) return;
+    const char byte = 0;
+    Pending send = comm.send(1, 0, &byte, 1);
+    comm.wait(send);
+  });
+  EXPECT_NE(errors[3].find("reported: ranks disagree"), std::string::npos) << errors[3];
+  EXPECT_EQ(errors[3].find("transport"), std::string::npos) << errors[3];
 }
 
 }  // namespace

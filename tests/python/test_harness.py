@@ -1,0 +1,66 @@
+"""The job runner itself (harness.py): one case that fails part way must not fail the cases after it,
+and a rank that stops early must be reported with its cause, not as a job that "wrote no results".
+
+Both were seen in CI: a disagreement case that failed on one rank before it created its second group
+left that rank one group behind, so every later group (torch names them by count) timed out and the
+whole job died with four bare exit codes.
+"""
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from harness import Cases, gloo_group, run_job
+
+case = Cases()
+crash = Cases()
+
+
+class Context:
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+        self.gloo = gloo_group()
+
+
+@case
+def fails_on_rank_1_before_creating_a_group(ctx):
+    if ctx.rank == 1:
+        raise AssertionError("deliberate failure before the group")
+    g = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=5))
+    dist.destroy_process_group(g)
+
+
+@case
+def later_cases_get_working_groups(ctx):
+    t = torch.ones(3)
+    dist.all_reduce(t, group=ctx.gloo)
+    assert torch.equal(t, torch.full((3,), float(ctx.world)))
+
+
+@crash
+def passes_first(ctx):
+    pass
+
+
+@crash
+def rank_1_exits_mid_case(ctx):
+    if ctx.rank == 1:
+        print("rank 1's last words", flush=True)
+        os._exit(3)
+
+
+def test_a_failure_part_way_leaves_later_cases_working():
+    results = run_job(__name__, 2, timeout=200)
+    assert "deliberate failure before the group" in (results["fails_on_rank_1_before_creating_a_group"] or "")
+    assert results["later_cases_get_working_groups"] is None, results["later_cases_get_working_groups"]
+
+
+def test_a_rank_that_stops_early_is_reported_with_its_log():
+    # Rank 0 waits for rank 1 in the harness's step group; with rank 1 gone it fails at once.
+    results = run_job(__name__, 2, timeout=200, env={"CNCCL_TEST_CASES": "crash"})
+    assert results["passes_first"] is None, results["passes_first"]
+    failure = results["rank_1_exits_mid_case"] or ""
+    assert "rank 1 of test_harness (world 2) stopped early" in failure, failure
+    assert "exit codes [" in failure and "rank 1's last words" in failure, failure
