@@ -158,18 +158,22 @@ class MemoryTransport final : public Transport {
   uint64_t sent_ = 0;
 };
 
+using TransportOnFabric = std::function<std::unique_ptr<Transport>(Fabric&, int rank, int size)>;
+
 // Runs body(comm) on `size` threads, one Comm per rank over one Fabric, inside one collective
 // (begin ... end) named `op` with every rank's `signature(rank)`. Returns each rank's error
-// message ("" when it succeeded).
+// message ("" when it succeeded). `transport` wraps the fabric differently (a failing peer).
 inline std::vector<std::string> on_ranks(int size, const std::function<void(Comm&)>& body,
-                                         const std::function<std::string(int)>& signature = {}) {
+                                         const std::function<std::string(int)>& signature = {},
+                                         const TransportOnFabric& transport = {}) {
   Fabric fabric(size);
   std::vector<std::string> errors(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       try {
-        Comm comm(std::make_unique<MemoryTransport>(fabric, r, size), "memory");
+        Comm comm(transport ? transport(fabric, r, size) : std::make_unique<MemoryTransport>(fabric, r, size),
+                  "memory");
         comm.begin("test", 0, std::chrono::seconds(30), signature ? signature(r) : "same");
         body(comm);
         comm.end();

@@ -60,23 +60,9 @@ class PeerGoneTransport final : public Transport {
 // collective and every send to rank `gone` fails after delivery.
 std::vector<std::string> disagreement_with_a_peer_gone(int size, int odd, int gone,
                                                        const std::function<void(Comm&)>& body) {
-  Fabric fabric(size);
-  std::vector<std::string> errors(size);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        Comm comm(std::make_unique<PeerGoneTransport>(fabric, r, size, gone), "memory");
-        comm.begin("test", 0, std::chrono::seconds(30), r == odd ? "999 x Float" : "1000 x Float");
-        body(comm);
-        comm.end();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  return on_ranks(
+      size, body, [odd](int r) { return r == odd ? "999 x Float" : "1000 x Float"; },
+      [gone](Fabric& fabric, int r, int n) { return std::make_unique<PeerGoneTransport>(fabric, r, n, gone); });
 }
 
 TEST(CommHeaders, TheOddRankNamesTheDisagreementWhenItsHeaderToAGonePeerFails) {
