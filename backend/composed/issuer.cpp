@@ -1,6 +1,7 @@
 #include "backend/composed/issuer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
 #include <condition_variable>
@@ -68,6 +69,7 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
       return;
     }
     std::thread([state = shared_from_this()] {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;  // docs/design.md, "Threads and autograd"
       std::unique_lock<std::mutex> lock(state->done_mutex);
       while (true) {
         if (state->done_queue.empty()) {
@@ -176,6 +178,7 @@ Issuer::Issuer(c10::intrusive_ptr<c10d::Backend> engine, std::string group_name)
   // The thread owns a reference to the state: shutdown() need not wait for a job blocked on peers
   // that will never come (it ends at the job's timeout).
   std::thread([state = state_] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;  // docs/design.md, "Threads and autograd"
     std::unique_lock<std::mutex> lock(state->mutex);
     while (true) {
       state->cv.wait(lock, [&] { return !state->queue.empty() || !state->stopped.empty(); });

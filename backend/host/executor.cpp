@@ -1,5 +1,7 @@
 #include "backend/host/executor.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
+
 namespace cnccl::host {
 namespace {
 
@@ -82,6 +84,9 @@ void Executor::complete(std::unique_lock<std::mutex>& lock) {
 }
 
 void Executor::loop() {
+  // This thread writes into the caller's tensors while the caller's thread may be running autograd
+  // on them (DDP with create_graph=True): docs/design.md, "Threads and autograd".
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     ++idle_;

@@ -149,6 +149,36 @@ def group_timeout_wins_over_options_timeout(ctx):
 
 
 @case
+def collectives_record_no_autograd_history(ctx):
+    """cnccl's threads write into the caller's tensors while the caller's thread may run autograd on
+    them (DDP with create_graph=True registers hooks on its buckets): they must record no autograd
+    history of their own, which would race with the caller's (a segfault in _register_hook, seen in
+    upstream's test_ddp_create_graph). A write recorded anywhere shows as a new grad_fn."""
+    def fresh(n):
+        return torch.ones(n, requires_grad=True).clone()
+
+    def untouched(t, what):
+        assert type(t.grad_fn).__name__ == "CloneBackward0", f"{what}: grad_fn became {t.grad_fn}"
+
+    for n in (4, 1 << 16):
+        for name in ("fp16-all", "none"):
+            for op in (R.SUM, R.PRODUCT, R.MAX):
+                t = fresh(n)
+                dist.all_reduce(t, op=op, group=ctx.groups[name])
+                untouched(t, f"allreduce {op} of {n} on {name}")
+        t = fresh(n)
+        dist.broadcast(t, 0)
+        untouched(t, f"broadcast of {n}")
+        outs = [fresh(n) for _ in range(ctx.world)]
+        dist.all_gather(outs, torch.ones(n))
+        for t in outs:
+            untouched(t, f"allgather of {n}")
+        out = fresh(n)
+        dist.reduce_scatter_tensor(out, torch.ones(n * ctx.world), group=ctx.groups["fp16-all"])
+        untouched(out, f"reduce_scatter_tensor of {n}")
+
+
+@case
 def broadcast_reduce_gather_scatter(ctx):
     P = ctx.world
     # gloo gathers and scatters no complex tensors: with cpu_engine=gloo those are gloo's calls.
