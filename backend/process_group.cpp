@@ -8,6 +8,7 @@
 #include "backend/composed/issued_path.h"
 #include "backend/cuda/nccl_engine.h"
 #include "backend/host/host_path.h"
+#include "backend/work.h"
 
 namespace cnccl {
 
@@ -15,8 +16,9 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
 ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      c10::intrusive_ptr<cnccl::Options> options,
-                                     c10::intrusive_ptr<c10d::Backend> cpu_engine)
-    : c10d::Backend(rank, size), store_(store), options_(std::move(options)) {
+                                     c10::intrusive_ptr<c10d::Backend> cpu_engine,
+                                     c10::intrusive_ptr<c10d::Backend> cuda_path)
+    : c10d::Backend(rank, size), store_(store), options_(std::move(options)), cuda_(std::move(cuda_path)) {
   TORCH_CHECK_VALUE(options_, "cnccl: options must not be None");
   config_ = options_->resolve();
   const std::string name = options_->group_name.empty() ? "unnamed" : options_->group_name;
@@ -42,8 +44,6 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
             << "; wire " << config_.wire_name() << ", min_bytes " << config_.min_bytes;
 }
 
-ProcessGroupCNCCL::~ProcessGroupCNCCL() { shutdown(); }
-
 void ProcessGroupCNCCL::abort() {
   cpu_->abort();
   if (auto cuda = cuda_created()) cuda->abort();
@@ -60,7 +60,36 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupCNCCL::cuda_created() {
 }
 
 c10d::Backend& ProcessGroupCNCCL::path_for(const at::Tensor& t, const char* op) {
-  return t.defined() && t.is_cuda() ? cuda_path(op) : *cpu_;
+  if (!(t.defined() && t.is_cuda())) return *cpu_;
+  c10d::Backend& cuda = cuda_path(op);
+  if (window_ && !window_->cuda_started) {
+    cuda.startCoalescing();
+    window_->cuda_started = true;
+  }
+  return cuda;
+}
+
+void ProcessGroupCNCCL::startCoalescing() {
+  TORCH_CHECK(!window_, "cnccl: startCoalescing() called while a coalescing window is open");
+  window_.emplace();
+}
+
+WorkPtr ProcessGroupCNCCL::endCoalescing() {
+  TORCH_CHECK(window_, "cnccl: endCoalescing() called without startCoalescing()");
+  Window window = std::move(*window_);
+  window_.reset();
+  std::vector<WorkPtr> works = std::move(window.cpu_works);
+  if (window.cuda_started) {
+    if (auto cuda = cuda_created()->endCoalescing()) works.push_back(cuda);
+  }
+  if (works.empty()) return {};  // as ProcessGroupNCCL's for an empty window
+  if (works.size() == 1) return works[0];
+  return c10::make_intrusive<WorkList>(rank_, c10d::OpType::COALESCED, std::move(works));
+}
+
+WorkPtr ProcessGroupCNCCL::in_window(WorkPtr work, const at::Tensor& t) {
+  if (window_ && work && !t.is_cuda()) window_->cpu_works.push_back(work);
+  return work;
 }
 
 c10d::Backend& ProcessGroupCNCCL::path_for(const std::vector<at::Tensor>& ts, const char* op) {
@@ -68,22 +97,21 @@ c10d::Backend& ProcessGroupCNCCL::path_for(const std::vector<at::Tensor>& ts, co
 }
 
 c10d::Backend& ProcessGroupCNCCL::cuda_path(const char* op) {
-#if CNCCL_WITH_CUDA
   std::lock_guard<std::mutex> lock(cuda_mutex_);
-  if (!cuda_) {
-    cuda::NcclEngineArgs args;
-    args.store = store_;
-    args.rank = rank_;
-    args.size = size_;
-    args.options = options_.get();
-    args.config = &config_;
-    args.group_uid = getGroupUid();
-    args.group_desc = getGroupDesc();
-    args.bound_device = getBoundDeviceId();
-    auto composition = std::make_unique<composed::Composition>(cuda::make_nccl_engine(args), cuda::make_cuda_device(),
-                                                               config_, &stats_, rank_, size_);
-    cuda_ = c10::make_intrusive<composed::ComposedPath>(rank_, size_, std::move(composition));
-  }
+  if (cuda_) return *cuda_;
+#if CNCCL_WITH_CUDA
+  cuda::NcclEngineArgs args;
+  args.store = store_;
+  args.rank = rank_;
+  args.size = size_;
+  args.options = options_.get();
+  args.config = &config_;
+  args.group_uid = getGroupUid();
+  args.group_desc = getGroupDesc();
+  args.bound_device = getBoundDeviceId();
+  auto composition = std::make_unique<composed::Composition>(cuda::make_nccl_engine(args), cuda::make_cuda_device(),
+                                                             config_, &stats_, rank_, size_);
+  cuda_ = c10::make_intrusive<composed::ComposedPath>(rank_, size_, std::move(composition));
   return *cuda_;
 #else
   TORCH_CHECK(false, "cnccl ", op, ": CUDA tensors need cnccl's CUDA path, which this build does not have (it was "
@@ -194,15 +222,15 @@ WorkPtr ProcessGroupCNCCL::alltoall(std::vector<at::Tensor>& outputs, std::vecto
 }
 
 WorkPtr ProcessGroupCNCCL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  return path_for(tensors, "send").send(tensors, dst_rank, tag);
+  return in_window(path_for(tensors, "send").send(tensors, dst_rank, tag), tensors.at(0));
 }
 
 WorkPtr ProcessGroupCNCCL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  return path_for(tensors, "recv").recv(tensors, src_rank, tag);
+  return in_window(path_for(tensors, "recv").recv(tensors, src_rank, tag), tensors.at(0));
 }
 
 WorkPtr ProcessGroupCNCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return path_for(tensors, "recv").recvAnysource(tensors, tag);
+  return in_window(path_for(tensors, "recv").recvAnysource(tensors, tag), tensors.at(0));
 }
 
 WorkPtr ProcessGroupCNCCL::barrier(const c10d::BarrierOptions& opts) { return cpu_->barrier(opts); }

@@ -11,6 +11,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "backend/options.h"
 #include "backend/stats.h"
@@ -25,11 +26,16 @@ class ProcessGroupCNCCL : public c10d::Backend {
  public:
   // `cpu_engine`: with Options.cpu_engine=gloo, the ProcessGroupGloo the composed path runs CPU
   // tensors on (torch's wheel ships no gloo headers, so the caller builds it; the Python
-  // registration does). Must be null otherwise.
+  // registration does). Must be null otherwise. `cuda_path`: what CUDA tensors go to instead of
+  // the composed path over ProcessGroupNCCL (a test's double); null: that path, made at the first
+  // CUDA call.
   ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     c10::intrusive_ptr<cnccl::Options> options = c10::make_intrusive<cnccl::Options>(),
-                    c10::intrusive_ptr<c10d::Backend> cpu_engine = {});
-  ~ProcessGroupCNCCL() override;
+                    c10::intrusive_ptr<c10d::Backend> cpu_engine = {},
+                    c10::intrusive_ptr<c10d::Backend> cuda_path = {});
+  // No destructor of its own: each path ends itself as its engine does when the group was not shut
+  // down (the host path and the gloo issuer fail what is outstanding; torch's ProcessGroupNCCL
+  // aborts its communicators, never waiting for a peer).
 
   const std::string getBackendName() const override { return "cnccl"; }
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
@@ -96,6 +102,14 @@ class ProcessGroupCNCCL : public c10d::Backend {
   void abort() override;
   void shutdown() override;
 
+  // A coalescing window (batch_isend_irecv, _coalescing_manager): CUDA calls in it go to NCCL as
+  // one group, ProcessGroupNCCL's startCoalescing() called before the first of them; CPU calls are
+  // issued as they come (their point-to-point messages never wait on each other), and the work
+  // endCoalescing() returns completes once every one of the window's sends and receives has.
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
  private:
   // The path that runs a call whose first tensor is `t` (docs/design.md, "Two paths").
   c10d::Backend& path_for(const at::Tensor& t, const char* op);
@@ -103,6 +117,14 @@ class ProcessGroupCNCCL : public c10d::Backend {
   // The composed path over NCCL, created on the first CUDA call; a build without CUDA says so.
   c10d::Backend& cuda_path(const char* op);
   c10::intrusive_ptr<c10d::Backend> cuda_created();  // null until the first CUDA operation
+  // A point-to-point work, kept for the window's work when a window is open.
+  c10::intrusive_ptr<c10d::Work> in_window(c10::intrusive_ptr<c10d::Work> work, const at::Tensor& t);
+
+  struct Window {
+    bool cuda_started = false;
+    std::vector<c10::intrusive_ptr<c10d::Work>> cpu_works;
+  };
+  std::optional<Window> window_;  // open between startCoalescing() and endCoalescing()
 
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<cnccl::Options> options_;

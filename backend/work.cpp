@@ -66,4 +66,33 @@ int HostWork::sourceRank() const {
   return source;
 }
 
+WorkList::WorkList(int rank, c10d::OpType op, std::vector<c10::intrusive_ptr<c10d::Work>> works)
+    : c10d::Work(rank, op), works_(std::move(works)) {}
+
+bool WorkList::isCompleted() {
+  bool done = true;
+  for (const auto& w : works_) done = w->isCompleted() && done;
+  return done || exception();
+}
+
+std::exception_ptr WorkList::exception() const {
+  for (const auto& w : works_) {
+    if (auto e = w->exception()) return e;
+  }
+  return nullptr;
+}
+
+bool WorkList::wait(std::chrono::milliseconds timeout) {
+  for (const auto& w : works_) w->wait(timeout);
+  return true;
+}
+
+void WorkList::synchronize() {
+  for (const auto& w : works_) w->synchronize();
+}
+
+void WorkList::abort() {
+  for (const auto& w : works_) w->abort();
+}
+
 }  // namespace cnccl

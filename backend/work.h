@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <string>
+#include <vector>
 
 namespace cnccl {
 
@@ -37,6 +38,23 @@ class HostWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> source_rank_{-1};
+};
+
+// Several works as one (a coalescing window's): complete once each is, failed as the first that
+// failed.
+class WorkList : public c10d::Work {
+ public:
+  WorkList(int rank, c10d::OpType op, std::vector<c10::intrusive_ptr<c10d::Work>> works);
+
+  bool isCompleted() override;
+  bool isSuccess() const override { return exception() == nullptr; }
+  std::exception_ptr exception() const override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override;
+  void abort() override;
+
+ private:
+  const std::vector<c10::intrusive_ptr<c10d::Work>> works_;
 };
 
 }  // namespace cnccl

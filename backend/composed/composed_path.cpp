@@ -8,36 +8,53 @@ ComposedPath::ComposedPath(int rank, int size, std::unique_ptr<Composition> comp
     : c10d::Backend(rank, size), composition_(std::move(composition)) {}
 
 WorkPtr ComposedPath::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  if (coalescing_) return engine().allreduce(tensors, opts);
   return composition_->allreduce(tensors, opts);
 }
 
 WorkPtr ComposedPath::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                           const c10d::AllreduceCoalescedOptions& opts) {
+  if (coalescing_) return engine().allreduce_coalesced(tensors, opts);
   return composition_->allreduce_coalesced(tensors, opts);
 }
 
 WorkPtr ComposedPath::reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                      const c10d::ReduceScatterOptions& opts) {
+  if (coalescing_) return engine().reduce_scatter(outputs, inputs, opts);
   return composition_->reduce_scatter(outputs, inputs, opts);
 }
 
 WorkPtr ComposedPath::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                            const c10d::ReduceScatterOptions& opts) {
+  if (coalescing_) return engine()._reduce_scatter_base(output, input, opts);
   return composition_->reduce_scatter_tensor(output, input, opts);
 }
 
 WorkPtr ComposedPath::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                       const c10d::ReduceScatterOptions& opts) {
+  if (coalescing_) return engine().reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   return composition_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
 
 WorkPtr ComposedPath::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  if (coalescing_) return engine().reduce(tensors, opts);
   return composition_->reduce(tensors, opts);
 }
 
 WorkPtr ComposedPath::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                           std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  if (coalescing_) return engine().allgather_coalesced(outputs, inputs, opts);
   return composition_->allgather_coalesced(outputs, inputs, opts);
+}
+
+void ComposedPath::startCoalescing() {
+  engine().startCoalescing();
+  coalescing_ = true;
+}
+
+WorkPtr ComposedPath::endCoalescing() {
+  coalescing_ = false;
+  return engine().endCoalescing();
 }
 
 WorkPtr ComposedPath::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {

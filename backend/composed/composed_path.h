@@ -62,12 +62,21 @@ class ComposedPath final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+  // A coalescing window is the engine's (NCCL issues its calls as one group at the end). Compressing
+  // calls in it go to the engine as they are: their restore would have to follow a kernel that runs
+  // only when the window closes. (torch's _coalescing_manager issues allreduce and reduce_scatter
+  // as one coalesced call after the window, which is compressed as usual.)
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
   void eagerConnectSingleDevice(at::Device device) override { engine().eagerConnectSingleDevice(device); }
   void abort() override { engine().abort(); }
   void shutdown() override { engine().shutdown(); }
 
  private:
   std::unique_ptr<Composition> composition_;
+  bool coalescing_ = false;
 };
 
 }  // namespace cnccl::composed

@@ -6,51 +6,69 @@ namespace cnccl::composed {
 
 ComposedWork::ComposedWork(int rank, c10d::OpType type, std::string context, uint64_t seq,
                            std::vector<c10::intrusive_ptr<c10d::Work>> inner, FuturePtr result,
-                           std::vector<at::Tensor> outputs)
+                           std::vector<at::Tensor> outputs, std::shared_ptr<Device> device)
     : c10d::Work(rank, type),
       context_(std::move(context)),
       seq_(seq),
       inner_(std::move(inner)),
       result_(std::move(result)),
-      outputs_(std::move(outputs)) {}
+      outputs_(std::move(outputs)),
+      device_(std::move(device)) {}
 
-void ComposedWork::set_done_probe(std::function<bool()> probe) {
-  std::lock_guard<std::mutex> lock(probe_mutex_);
-  done_probe_ = std::move(probe);
+void ComposedWork::set_restored(EventPtr restored) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  restored_ = std::move(restored);
 }
 
 bool ComposedWork::isCompleted() {
-  if (!result_->completed()) return false;
-  if (result_->hasError()) return true;
-  std::lock_guard<std::mutex> lock(probe_mutex_);
-  return done_probe_ && done_probe_();
+  // WorkNCCL::isCompleted() is where the engine checks its communicator for errors.
+  bool inner_done = true;
+  for (const auto& w : inner_) inner_done = w->isCompleted() && inner_done;
+  if (exception()) return true;
+  if (!inner_done || !result_->completed()) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return restored_ && restored_->query();
 }
 
+// Not the inner works' isSuccess(): WorkNCCL's throws ("deprecated").
 bool ComposedWork::isSuccess() const { return exception() == nullptr; }
 
 std::exception_ptr ComposedWork::exception() const {
+  for (const auto& w : inner_) {
+    if (auto e = w->exception()) return errors::as_backend_error(e, context_ + ": the inner collective failed");
+  }
   return result_->completed() && result_->hasError() ? result_->exception_ptr() : nullptr;
+}
+
+void ComposedWork::wait_restored() {
+  result_->wait();
+  if (result_->hasError()) std::rethrow_exception(result_->exception_ptr());
+  EventPtr restored;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    restored = restored_;
+  }
+  device_->wait(restored);
 }
 
 bool ComposedWork::wait(std::chrono::milliseconds timeout) {
   try {
     // The engine's own wait raises its errors and timeouts (and blocks the host where its
-    // configuration says so) before the result future is consulted.
+    // configuration says so) before the result is consulted.
     for (const auto& w : inner_) w->wait(timeout);
   } catch (...) {
     std::rethrow_exception(
         errors::as_backend_error(std::current_exception(), context_ + ": the inner collective failed"));
   }
-  result_->wait();
-  if (result_->hasError()) std::rethrow_exception(result_->exception_ptr());
+  wait_restored();
   return true;
 }
 
 void ComposedWork::synchronize() { wait(); }
 
 void ComposedWork::blockCurrentStream() {
-  result_->wait();
-  if (result_->hasError()) std::rethrow_exception(result_->exception_ptr());
+  if (auto e = exception()) std::rethrow_exception(e);
+  wait_restored();
 }
 
 void ComposedWork::abort() {

@@ -83,6 +83,18 @@ void unstage(Device& device, const Composition::Staged& s) {
   if (!in_place) s.target.copy_(out.view(s.target.sizes()));
 }
 
+// The current stream waits for what an engine call produced.
+void wait_for(Device& device, const EngineCall& call) {
+  if (call.work) return device.wait(*call.work);
+  device.wait(call.ran);
+}
+
+// Asynchronous calls restore on the device's side stream; synchronous ones on the caller's current
+// stream, as ProcessGroupNCCL runs them (docs/design.md, "Stream order"). Current until destroyed.
+std::shared_ptr<void> restore_stream(Device& device, bool async_op) {
+  return async_op ? device.use_side_stream() : nullptr;
+}
+
 // The engine work's future, or null for a work that has none.
 FuturePtr future_of(c10d::Work& work) {
   try {
@@ -111,7 +123,7 @@ Plan Composition::plan(const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp
   // PREMUL_SUM's factor is read only where cnccl applies it itself; otherwise the engine does,
   // and a CUDA tensor factor never travels to the host.
   if (op.op_ == RedOp::PREMUL_SUM && is_staged(p, op, as_is)) {
-    p = planner(config_, t.scalar_type(), nbytes, op.op_, device_->premul_factor(op), size_);
+    p = planner(config_, t.scalar_type(), nbytes, op.op_, device_->premul_factor(op, t), size_);
   }
   return p;
 }
@@ -135,12 +147,16 @@ at::Tensor Composition::stage(const at::Tensor& src, const Plan& p, int64_t nume
 
 void Composition::stage_into(const at::Tensor& src, const at::Tensor& dst, const Plan& p,
                              const compress::Dither& dither, uint64_t first) const {
-  if (p.compress) {
-    device_->cast(flat(src), dst, p, dither, first);
-    return;
-  }
-  dst.copy_(flat(src));
-  if (p.pre_scale != 1.0) dst.mul_(p.pre_scale);
+  device_->run([device = device_, src, dst, p, dither, first] {
+    if (p.compress) return device->cast(flat(src), dst, p, dither, first);
+    dst.copy_(flat(src));
+    if (p.pre_scale != 1.0) dst.mul_(p.pre_scale);
+  });
+}
+
+EngineCall Composition::called(WorkPtr work) const {
+  if (work) return {std::move(work), nullptr};
+  return {nullptr, device_->record()};
 }
 
 std::pair<compress::Dither, compress::Dither> Composition::dithers(const Plan& p, int64_t numel) {
@@ -148,74 +164,82 @@ std::pair<compress::Dither, compress::Dither> Composition::dithers(const Plan& p
   return {compress::contribution_dither(p.sr_seed, seq, uint32_t(rank_)), compress::sum_dither(p.sr_seed, seq)};
 }
 
-Composition::WorkPtr Composition::to_owners(const at::Tensor& sent, const at::Tensor& rows,
-                                            std::chrono::milliseconds timeout) {
+Composition::WorkPtr Composition::to_owners(const at::Tensor& sent, const at::Tensor& rows, const Timing& timing) {
   c10d::AllToAllOptions opts;
-  opts.timeout = timeout;
+  opts.timeout = timing.timeout;
+  opts.asyncOp = timing.async_op;
   std::vector<int64_t> equal_splits;
   at::Tensor out = rows.view({-1}), in = sent.view({-1});
   return inner().alltoall_base(out, in, equal_splits, equal_splits, opts);
 }
 
-Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const Plan& p,
-                                                     std::chrono::milliseconds timeout) {
-  if (p.pow2) return allreduce_frames(t, p, timeout);
+Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const Plan& p, const Timing& timing) {
+  if (p.pow2) return allreduce_frames(t, p, timing);
   const int64_t n = t.numel(), part = (n + size_ - 1) / size_;
   const auto [contributions, sums] = dithers(p, n);
   at::Tensor sent = stage(t, p, part * size_);
   stage_into(t, sent.narrow(0, 0, n), p, contributions);
-  if (part * size_ > n) sent.narrow(0, n, part * size_ - n).zero_();
+  if (part * size_ > n) device_->run([pad = sent.narrow(0, n, part * size_ - n)] { pad.zero_(); });
   at::Tensor rows = at::empty_like(sent);
-  // The allgather's work alone would not tell an all-to-all that failed on a stream (CUDA): the
-  // restore waits on both.
-  WorkPtr to_owners_work = to_owners(sent, rows, timeout);
-  device_->order_after(to_owners_work);
+  EngineCall to_owners_call = called(to_owners(sent, rows, timing));
+  // The owner's sum, and the allgather after it, run on the stream the restore will: never make
+  // the caller's stream wait for the network (docs/design.md, "Stream order").
+  const auto on_restore_stream = restore_stream(*device_, timing.async_op);
+  wait_for(*device_, to_owners_call);
   at::Tensor mine = stage(t, p, part);
   device_->sum(rows.view({size_, part}), mine, p, sums, uint64_t(rank_ * part));
   at::Tensor gathered = at::empty_like(sent);
   c10d::AllgatherOptions back;
-  back.timeout = timeout;
-  WorkPtr work = inner()._allgather_base(gathered, mine, back);
-  return {{to_owners_work, work}, {gathered.narrow(0, 0, n), t, p}, {sent, rows, mine}};
+  back.timeout = timing.timeout;
+  back.asyncOp = timing.async_op;
+  EngineCall allgather_call = called(inner()._allgather_base(gathered, mine, back));
+  // The all-to-all's failure shows on its own work (NCCL's watchdog sets it there): the restore
+  // waits on both.
+  return {{to_owners_call, allgather_call}, {gathered.narrow(0, 0, n), t, p}, {sent, rows, mine}};
 }
 
-Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Plan& p,
-                                                  std::chrono::milliseconds timeout) {
+Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Plan& p, const Timing& timing) {
   const int64_t n = t.numel(), part = (n + size_ - 1) / size_, frame = frames::frame_bytes(part, p.wire);
   at::Tensor sent = at::empty({size_, frame}, t.options().dtype(at::kByte));
-  frames::encode(frames::parts_of(flat(t), size_, part), part, p.pre_scale, p.wire, sent);
+  device_->run([t, p, sent, part, size = size_] {
+    frames::encode(frames::parts_of(flat(t), size, part), part, p.pre_scale, p.wire, sent);
+  });
   at::Tensor rows = at::empty_like(sent);
-  WorkPtr to_owners_work = to_owners(sent, rows, timeout);
-  device_->order_after(to_owners_work);
+  EngineCall to_owners_call = called(to_owners(sent, rows, timing));
+  const auto on_restore_stream = restore_stream(*device_, timing.async_op);
+  wait_for(*device_, to_owners_call);
   at::Tensor mine = at::empty({1, frame}, sent.options());
   const at::Tensor sums = at::empty({part}, t.options().dtype(at::kFloat));
-  frames::encode({frames::sum(rows.unbind(0), part, p.wire, sums)}, part, 1.0, p.wire, mine);
+  device_->run([rows, mine, sums, p, part] {
+    frames::encode({frames::sum(rows.unbind(0), part, p.wire, sums)}, part, 1.0, p.wire, mine);
+  });
   at::Tensor gathered = at::empty_like(sent);
   at::Tensor gathered_flat = gathered.view({-1}), mine_flat = mine.view({-1});
   c10d::AllgatherOptions back;
-  back.timeout = timeout;
-  WorkPtr work = inner()._allgather_base(gathered_flat, mine_flat, back);
-  return {{to_owners_work, work}, {gathered, t, p}, {sent, rows, mine}};
+  back.timeout = timing.timeout;
+  back.asyncOp = timing.async_op;
+  EngineCall allgather_call = called(inner()._allgather_base(gathered_flat, mine_flat, back));
+  return {{to_owners_call, allgather_call}, {gathered, t, p}, {sent, rows, mine}};
 }
 
 Composition::Issued Composition::reduce_scatter_fp32_sums(const std::vector<at::Tensor>& parts,
                                                           const at::Tensor& output, const Plan& p,
-                                                          std::chrono::milliseconds timeout) {
+                                                          const Timing& timing) {
   const int64_t each = output.numel();
   at::Tensor sent;
   if (p.pow2) {
     sent = at::empty({size_, frames::frame_bytes(each, p.wire)}, output.options().dtype(at::kByte));
-    frames::encode(parts, each, p.pre_scale, p.wire, sent);
+    device_->run([parts, each, p, sent] { frames::encode(parts, each, p.pre_scale, p.wire, sent); });
   } else {
     sent = stage(output, p, each * size_).view({size_, each});
     const compress::Dither contributions = dithers(p, each).first;
     for (int i = 0; i < size_; ++i) stage_into(parts[i], sent[i], p, contributions, uint64_t(i * each));
   }
   at::Tensor rows = at::empty_like(sent);
-  WorkPtr work = to_owners(sent, rows, timeout);
+  EngineCall call = called(to_owners(sent, rows, timing));
   Staged staged{rows, output, p};
   staged.rows = true;
-  return {{work}, staged, {sent}};
+  return {{call}, staged, {sent}};
 }
 
 c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& tensors,
@@ -227,15 +251,16 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& t
   record_stats(stats_, t, t.numel(), p);
   if (!is_staged(p, opts.reduceOp, t.is_contiguous())) return inner().allreduce(tensors, opts);
   c10::DeviceGuard guard(t.device());
+  const Timing timing{opts.timeout, opts.asyncOp};
   if (has_fp32_sums(p, t.numel())) {
-    Issued issued = allreduce_fp32_sums(t, p, opts.timeout);
-    return finish(c10d::OpType::ALLREDUCE, "allreduce", opts.asyncOp, issued.works, {issued.staged},
-                  issued.buffers, tensors);
+    Issued issued = allreduce_fp32_sums(t, p, timing);
+    return finish(c10d::OpType::ALLREDUCE, "allreduce", timing, issued.calls, {issued.staged}, issued.buffers,
+                  tensors);
   }
   std::vector<at::Tensor> stages{stage(t, p, t.numel())};
   stage_into(t, stages[0], p);
-  auto work = inner().allreduce(stages, with_op(opts, p.inner_op));
-  return finish(c10d::OpType::ALLREDUCE, "allreduce", opts.asyncOp, {work}, {{stages[0], t, p}}, {}, tensors);
+  EngineCall call = called(inner().allreduce(stages, with_op(opts, p.inner_op)));
+  return finish(c10d::OpType::ALLREDUCE, "allreduce", timing, {call}, {{stages[0], t, p}}, {}, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -262,25 +287,26 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::
   // Staged tensors reduce with the plan's inner op (their scales are already applied), the
   // others with the caller's: each kind is its own coalesced call, and each dtype too (engines
   // refuse mixed ones). Every rank splits alike.
-  std::vector<WorkPtr> works;
+  std::vector<EngineCall> calls;
   const std::vector<at::Tensor> stages = stages_of(staged);
   for (const auto& group : calls_for(stages)) {
     auto part = pick(stages, group);
-    works.push_back(inner().allreduce_coalesced(part, with_op(opts, staged[group[0]].plan.inner_op)));
+    calls.push_back(called(inner().allreduce_coalesced(part, with_op(opts, staged[group[0]].plan.inner_op))));
   }
   for (const auto& group : calls_for(direct)) {
     auto part = pick(direct, group);
-    works.push_back(inner().allreduce_coalesced(part, opts));
+    calls.push_back(called(inner().allreduce_coalesced(part, opts)));
   }
   // Each tensor with fp32 sums is its own all-to-all and allgather.
+  const Timing timing{opts.timeout, opts.asyncOp};
   std::vector<at::Tensor> buffers;
   for (const auto& t : fp32_sums) {
-    Issued issued = allreduce_fp32_sums(t, plan(t, t.nbytes(), opts.reduceOp, t.is_contiguous()), opts.timeout);
-    works.insert(works.end(), issued.works.begin(), issued.works.end());
+    Issued issued = allreduce_fp32_sums(t, plan(t, t.nbytes(), opts.reduceOp, t.is_contiguous()), timing);
+    calls.insert(calls.end(), issued.calls.begin(), issued.calls.end());
     staged.push_back(issued.staged);
     buffers.insert(buffers.end(), issued.buffers.begin(), issued.buffers.end());
   }
-  return finish(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", opts.asyncOp, std::move(works),
+  return finish(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", timing, std::move(calls),
                 std::move(staged), std::move(buffers), tensors);
 }
 
@@ -292,16 +318,17 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor(at::Tensor& ou
   record_stats(stats_, input, input.numel(), p);
   if (!is_staged(p, opts.reduceOp, contiguous)) return inner()._reduce_scatter_base(output, input, opts);
   c10::DeviceGuard guard(input.device());
+  const Timing timing{opts.timeout, opts.asyncOp};
   if (has_fp32_sums(p, output.numel())) {
-    Issued issued = reduce_scatter_fp32_sums(flat(input).chunk(size_), output, p, opts.timeout);
-    return finish(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts.asyncOp, issued.works,
+    Issued issued = reduce_scatter_fp32_sums(flat(input).chunk(size_), output, p, timing);
+    return finish(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", timing, issued.calls,
                   {issued.staged}, issued.buffers, {output});
   }
   at::Tensor stage_in = stage(input, p, input.numel());
   stage_into(input, stage_in, p);
   at::Tensor stage_out = stage(input, p, output.numel());
-  auto work = inner()._reduce_scatter_base(stage_out, stage_in, with_op(opts, p.inner_op));
-  return finish(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts.asyncOp, {work},
+  EngineCall call = called(inner()._reduce_scatter_base(stage_out, stage_in, with_op(opts, p.inner_op)));
+  return finish(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", timing, {call},
                 {{stage_out, output, p}}, {stage_in}, {output});
 }
 
@@ -327,9 +354,10 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter(std::vector<at::Tenso
   record_stats(stats_, out, out.numel() * size_, p);
   if (!is_staged(p, opts.reduceOp, contiguous)) return inner().reduce_scatter(outputs, inputs, opts);
   c10::DeviceGuard guard(out.device());
+  const Timing timing{opts.timeout, opts.asyncOp};
   if (has_fp32_sums(p, out.numel())) {
-    Issued issued = reduce_scatter_fp32_sums(inputs[0], out, p, opts.timeout);
-    return finish(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts.asyncOp, issued.works, {issued.staged},
+    Issued issued = reduce_scatter_fp32_sums(inputs[0], out, p, timing);
+    return finish(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", timing, issued.calls, {issued.staged},
                   issued.buffers, outputs);
   }
   // The list goes out as one flat staged buffer, written part by part: the engine's own list
@@ -337,9 +365,9 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter(std::vector<at::Tenso
   at::Tensor stage_in = stage(out, p, out.numel() * size_);
   for (int i = 0; i < size_; ++i) stage_into(inputs[0][i], stage_in.narrow(0, i * out.numel(), out.numel()), p);
   at::Tensor stage_out = stage(out, p, out.numel());
-  auto work = inner()._reduce_scatter_base(stage_out, stage_in, with_op(opts, p.inner_op));
-  return finish(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts.asyncOp, {work}, {{stage_out, out, p}},
-                {stage_in}, outputs);
+  EngineCall call = called(inner()._reduce_scatter_base(stage_out, stage_in, with_op(opts, p.inner_op)));
+  return finish(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", timing, {call}, {{stage_out, out, p}}, {stage_in},
+                outputs);
 }
 
 c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -375,27 +403,29 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std:
   }
   c10::DeviceGuard guard(inputs[0].device());
   for (size_t i = 0; i < staged.size(); ++i) stage_into(staged_in[i], stage_ins[i], staged[i].plan);
-  std::vector<WorkPtr> works;
+  std::vector<EngineCall> calls;
   const std::vector<at::Tensor> stage_outs = stages_of(staged);
   for (const auto& group : calls_for(stage_outs)) {
     auto outs = pick(stage_outs, group);
     auto ins = pick(stage_ins, group);
-    works.push_back(inner().reduce_scatter_tensor_coalesced(outs, ins, with_op(opts, staged[group[0]].plan.inner_op)));
+    calls.push_back(called(
+        inner().reduce_scatter_tensor_coalesced(outs, ins, with_op(opts, staged[group[0]].plan.inner_op))));
   }
   for (const auto& group : calls_for(direct_in)) {
     auto outs = pick(direct_out, group);
     auto ins = pick(direct_in, group);
-    works.push_back(inner().reduce_scatter_tensor_coalesced(outs, ins, opts));
+    calls.push_back(called(inner().reduce_scatter_tensor_coalesced(outs, ins, opts)));
   }
   // Each tensor with fp32 sums is its own all-to-all.
+  const Timing timing{opts.timeout, opts.asyncOp};
   for (size_t k = 0; k < fp32_sums.size(); ++k) {
     const size_t i = fp32_sums[k];
-    Issued issued = reduce_scatter_fp32_sums(flat(inputs[i]).chunk(size_), outputs[i], fp32_plans[k], opts.timeout);
-    works.insert(works.end(), issued.works.begin(), issued.works.end());
+    Issued issued = reduce_scatter_fp32_sums(flat(inputs[i]).chunk(size_), outputs[i], fp32_plans[k], timing);
+    calls.insert(calls.end(), issued.calls.begin(), issued.calls.end());
     staged.push_back(issued.staged);
     stage_ins.insert(stage_ins.end(), issued.buffers.begin(), issued.buffers.end());
   }
-  return finish(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", opts.asyncOp, std::move(works),
+  return finish(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", timing, std::move(calls),
                 std::move(staged), std::move(stage_ins), outputs);
 }
 
@@ -411,10 +441,11 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce(std::vector<at::Tensor>& tens
   c10::DeviceGuard guard(t.device());
   std::vector<at::Tensor> stages{stage(t, p, t.numel())};
   stage_into(t, stages[0], p);
-  auto work = inner().reduce(stages, with_op(opts, p.inner_op));
+  EngineCall call = called(inner().reduce(stages, with_op(opts, p.inner_op)));
   std::vector<Staged> staged;
   if (root) staged.push_back({stages[0], t, p});
-  return finish(c10d::OpType::REDUCE, "reduce", opts.asyncOp, {work}, std::move(staged), stages, tensors);
+  return finish(c10d::OpType::REDUCE, "reduce", {opts.timeout, opts.asyncOp}, {call}, std::move(staged), stages,
+                tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> Composition::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -424,7 +455,7 @@ c10::intrusive_ptr<c10d::Work> Composition::allgather_coalesced(std::vector<std:
   if (groups.size() <= 1 || engine_.coalesces_mixed_dtypes) return inner().allgather_coalesced(outputs, inputs, opts);
   TORCH_CHECK_VALUE(int(outputs.size()) == size_, "cnccl allgather_coalesced: expected one output list per rank (",
                     size_, "), got ", outputs.size());
-  std::vector<WorkPtr> works;
+  std::vector<EngineCall> calls;
   std::vector<at::Tensor> all_outputs;
   for (const auto& list : outputs) {
     TORCH_CHECK_VALUE(list.size() == inputs.size(), "cnccl allgather_coalesced: each output list needs one tensor per "
@@ -435,13 +466,13 @@ c10::intrusive_ptr<c10d::Work> Composition::allgather_coalesced(std::vector<std:
     std::vector<std::vector<at::Tensor>> outs;
     for (const auto& list : outputs) outs.push_back(pick(list, group));
     auto ins = pick(inputs, group);
-    works.push_back(inner().allgather_coalesced(outs, ins, opts));
+    calls.push_back(called(inner().allgather_coalesced(outs, ins, opts)));
   }
-  return finish(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", opts.asyncOp, std::move(works), {}, {},
-                all_outputs);
+  return finish(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", {opts.timeout, opts.asyncOp},
+                std::move(calls), {}, {}, all_outputs);
 }
 
-WorkPtr Composition::finish(c10d::OpType type, const char* name, bool async_op, std::vector<WorkPtr> works,
+WorkPtr Composition::finish(c10d::OpType type, const char* name, const Timing& timing, std::vector<EngineCall> calls,
                             std::vector<Staged> staged, std::vector<at::Tensor> inputs,
                             std::vector<at::Tensor> outputs) {
   const at::Device device = outputs.front().device();
@@ -449,34 +480,24 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, bool async_op, 
   const std::vector<c10::Device> devices = device.is_cpu() ? std::vector<c10::Device>{} : std::vector{device};
   const auto list_type = c10::ListType::create(c10::TensorType::get());
   const std::string context = std::string("cnccl ") + name + " (over " + engine_.name + ")";
+  // The futures say when the host may enqueue the restores (CUDA: at once, NCCL's complete at
+  // issue; gloo: once it is done); the device orders them (wait_for each call).
   std::vector<FuturePtr> futures;
-  std::vector<WorkPtr> issued;
-  // A point on the caller's current stream (CUDA) or in program order (CPU).
-  auto completed_here = [&] {
-    auto done = c10::make_intrusive<c10::ivalue::Future>(list_type, devices);
-    done->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
-    return done;
-  };
-  for (auto& w : works) {
-    // No work: the engine ran synchronously (asyncOp=false: ProcessGroupNCCL on the caller's
-    // current stream, gloo on this thread).
-    if (!w) {
-      futures.push_back(completed_here());
+  std::vector<WorkPtr> works;
+  for (const auto& call : calls) {
+    if (!call.work) continue;
+    works.push_back(call.work);
+    if (FuturePtr f = future_of(*call.work)) {
+      futures.push_back(std::move(f));
       continue;
     }
-    FuturePtr f = future_of(*w);
-    if (!f) {
-      // Some of gloo's works (reduce_scatter_single in torch 2.15) have no future to chain on.
-      try {
-        w->wait();
-      } catch (...) {
-        std::rethrow_exception(
-            errors::as_backend_error(std::current_exception(), context + ": the inner collective failed"));
-      }
-      f = completed_here();
+    // Some of gloo's works (reduce_scatter_single in torch 2.15) have no future to chain on.
+    try {
+      call.work->wait();
+    } catch (...) {
+      std::rethrow_exception(
+          errors::as_backend_error(std::current_exception(), context + ": the inner collective failed"));
     }
-    futures.push_back(std::move(f));
-    issued.push_back(std::move(w));
   }
   // Everything the engine or the restores touch: the device keeps it from the allocator until done.
   std::vector<at::Tensor> buffers = std::move(inputs);
@@ -488,9 +509,11 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, bool async_op, 
     for (const auto& s : staged) wire = s.plan.compress ? compress::wire_name(s.plan.wire) : wire;
     profile_collective(type, outputs, wire, result);
   }
-  auto work = c10::make_intrusive<ComposedWork>(rank_, type, context, seq_++, std::move(issued), result, outputs);
-  auto restore = [device = device_, work, result, futures, staged = std::move(staged), buffers = std::move(buffers),
-                  outputs, context] {
+  auto work = c10::make_intrusive<ComposedWork>(rank_, type, context, seq_++, std::move(works), result, outputs,
+                                                device_);
+  auto restore = [device_of = device_, device, work, result, futures, calls = std::move(calls),
+                  staged = std::move(staged), buffers = std::move(buffers), outputs, context,
+                  async_op = timing.async_op] {
     for (const auto& f : futures) {
       if (f->hasError()) {
         // Nothing was written back: the caller's tensors hold what they held before the call.
@@ -499,11 +522,15 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, bool async_op, 
       }
     }
     try {
-      device->after(futures, buffers, [&] {
-        for (const auto& s : staged) unstage(*device, s);
-        work->set_done_probe(device->done_probe());
-        result->markCompleted(c10::IValue(outputs));
+      const c10::DeviceGuard guard(device);
+      const auto on_restore_stream = restore_stream(*device_of, async_op);
+      for (const auto& call : calls) wait_for(*device_of, call);
+      device_of->run([device_of, staged] {
+        for (const auto& s : staged) unstage(*device_of, s);
       });
+      device_of->keep(buffers);
+      work->set_restored(device_of->record());
+      result->markCompleted(c10::IValue(outputs));
     } catch (...) {
       if (!result->completed()) result->setError(errors::as_backend_error(std::current_exception(), context));
     }
@@ -518,7 +545,7 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, bool async_op, 
     for (const auto& f : futures) list.push_back(f);
     c10::collectAll(list)->addCallback([restore](c10::ivalue::Future&) { restore(); });
   }
-  if (!async_op) work->wait();
+  if (!timing.async_op) work->wait();
   return work;
 }
 

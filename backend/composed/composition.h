@@ -17,6 +17,13 @@
 
 namespace cnccl::composed {
 
+// What one engine call left for the restore to wait on: its work, or (a synchronous call, which
+// returns none) the point on the stream it ran on right after it (docs/design.md, "Stream order").
+struct EngineCall {
+  c10::intrusive_ptr<c10d::Work> work;
+  EventPtr ran;
+};
+
 struct Engine {
   c10::intrusive_ptr<c10d::Backend> backend;
   std::string name;  // "nccl", "gloo": for messages
@@ -77,7 +84,7 @@ class Composition {
   // A compressed reduction with fp32 sums (plan.fp32_sum; docs/design.md, "Numerics"), issued:
   // the engine's works, what the restore reads and writes, and the buffers the engine uses.
   struct Issued {
-    std::vector<WorkPtr> works;
+    std::vector<EngineCall> calls;
     Staged staged;
     std::vector<at::Tensor> buffers;
   };
@@ -86,17 +93,23 @@ class Composition {
   // _allgather_base brings every part back. Parts are equal, the last padded with zeros.
   // Row q of `sent` ([ranks, ...], or flat in ranks equal parts) to rank q, in one alltoall_base;
   // `rows` (shaped like `sent`) receives every rank's row for this one, rank 0 first.
-  WorkPtr to_owners(const at::Tensor& sent, const at::Tensor& rows, std::chrono::milliseconds timeout);
-  // With p.pow2, allreduce_frames instead.
-  Issued allreduce_fp32_sums(const at::Tensor& t, const Plan& p, std::chrono::milliseconds timeout);
+  // The caller's timeout, and whether the call is asynchronous: every engine call it makes is too.
+  struct Timing {
+    std::chrono::milliseconds timeout;
+    bool async_op;
+  };
+  WorkPtr to_owners(const at::Tensor& sent, const at::Tensor& rows, const Timing& timing);
+  // With p.pow2, allreduce_frames instead. The owner's sum and the allgather run on the stream the
+  // restore will, after the all-to-all.
+  Issued allreduce_fp32_sums(const at::Tensor& t, const Plan& p, const Timing& timing);
   // The same in power-of-two frames (backend/frames.h): the owner decodes and sums the frames it
   // receives, frames its sum with the sum's own exponent, and the allgather moves frames.
-  Issued allreduce_frames(const at::Tensor& t, const Plan& p, std::chrono::milliseconds timeout);
+  Issued allreduce_frames(const at::Tensor& t, const Plan& p, const Timing& timing);
   // `parts` (part q, staged as 16 bits or as a frame, for rank q) go out in one alltoall_base; the
   // restore sums the rows into `output` (Device::sum_wide, or frames::sum), never rounding to the
   // wire.
   Issued reduce_scatter_fp32_sums(const std::vector<at::Tensor>& parts, const at::Tensor& output, const Plan& p,
-                                  std::chrono::milliseconds timeout);
+                                  const Timing& timing);
   // Whether a reduction of `numel` elements takes the forms above. Frames carry empty tensors
   // too: no engine reduces an 8-bit wire.
   static bool has_fp32_sums(const Plan& p, int64_t numel) { return p.pow2 || (p.fp32_sum && numel > 0); }
@@ -116,9 +129,12 @@ class Composition {
   // The stochastic roundings of a tensor's contributions and of its owners' sums, keyed by how many
   // stochastic reductions of non-empty tensors the group issued before it (compress/stochastic.h).
   std::pair<compress::Dither, compress::Dither> dithers(const Plan& p, int64_t numel);
-  // Builds cnccl's work over the engine's works: the restores run once those are done; a
-  // synchronous call (asyncOp=false) returns only once the caller's stream sees them.
-  WorkPtr finish(c10d::OpType type, const char* name, bool async_op, std::vector<WorkPtr> works,
+  // An engine call's result, with the point to wait on when it returned no work.
+  EngineCall called(WorkPtr work) const;
+  // Builds cnccl's work over the engine's calls: the restores are enqueued once the host may (the
+  // calls' futures), ordered after every call on the device; a synchronous call (asyncOp=false)
+  // returns once the caller's stream is ordered after them.
+  WorkPtr finish(c10d::OpType type, const char* name, const Timing& timing, std::vector<EngineCall> calls,
                  std::vector<Staged> staged, std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs);
 
   const Engine engine_;

@@ -1,5 +1,6 @@
 // The composed path's CPU device: the host codec, run on whichever thread completes the inner
-// work (torch's gloo worker, or the caller for an engine that finished synchronously).
+// work (torch's gloo worker, or the caller for an engine that finished synchronously). It has no
+// streams: every operation runs at once, so every event is reached when it is recorded.
 #include "backend/composed/device.h"
 #include "backend/wide_data.h"
 #include "compress/codec.h"
@@ -16,7 +17,7 @@ std::vector<const uint16_t*> row_pointers(const at::Tensor& rows) {
 
 class CpuDevice final : public Device {
  public:
-  double premul_factor(const c10d::ReduceOp& op) override { return cnccl::premul_factor(op); }
+  double premul_factor(const c10d::ReduceOp& op, const at::Tensor&) override { return cnccl::premul_factor(op); }
 
   void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
             uint64_t first) override {
@@ -51,19 +52,33 @@ class CpuDevice final : public Device {
     write_scaled_sums(sums, wide, plan.post_scale);
   }
 
-  void order_after(const c10::intrusive_ptr<c10d::Work>& work) override {
-    if (work) work->wait();
-  }
+  void run(const std::function<void()>& work) override { work(); }
 
-  // CPU futures that are complete hold values that are already in memory.
-  void after(const std::vector<FuturePtr>&, const std::vector<at::Tensor>&,
-             const std::function<void()>& body) override {
-    body();
+  // The host's program order is the only stream: what ran has its results in memory.
+  EventPtr record() override { return reached_; }
+  void wait(const EventPtr&) override {}
+  // The host waits, through the work's future where it has one: gloo completes that before the work
+  // itself and runs the future's callbacks (where the restores are) in between, so the work's own
+  // wait() would never return there. A work that failed rethrows.
+  void wait(c10d::Work& work) override {
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    try {
+      future = work.getFuture();
+    } catch (const c10::Error&) {
+      work.wait();
+      return;
+    }
+    future->wait();
+    if (future->hasError()) std::rethrow_exception(future->exception_ptr());
   }
+  std::shared_ptr<void> use_side_stream() override { return nullptr; }
+  void keep(const std::vector<at::Tensor>&) override {}
 
-  std::function<bool()> done_probe() override {
-    return [] { return true; };
-  }
+ private:
+  struct Reached final : Event {
+    bool query() override { return true; }
+  };
+  const EventPtr reached_ = std::make_shared<Reached>();
 };
 
 }  // namespace

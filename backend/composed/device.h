@@ -1,9 +1,13 @@
 // What the composed path needs from the device its tensors live on: the codec, how a PREMUL_SUM
-// factor is read, and where a restore may run relative to the inner engine's work. The CPU
+// factor is read, and the stream order its work runs in (docs/design.md, "Stream order"). The CPU
 // implementation is here; the CUDA one is in backend/cuda/ (streams, events, CUDA kernels).
+//
+// Every operation below that touches tensor data is device work on the *current stream*: on CUDA
+// it is enqueued there and runs later, in that stream's order; on the CPU it runs at once. The
+// composition orders that work only through record()/wait(): never through what a future happens
+// to hold, since c10's futures record events only for the storages they find in their value.
 #pragma once
 
-#include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -16,45 +20,53 @@
 
 namespace cnccl::composed {
 
-using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
+// A point in one stream's work: reached once everything enqueued there before it has run.
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual bool query() = 0;
+};
+using EventPtr = std::shared_ptr<Event>;
 
 class Device {
  public:
   virtual ~Device() = default;
 
-  // PREMUL_SUM's factor as a number; the CUDA device refuses to read a device tensor back to the
-  // host while its stream is being captured into a CUDA graph.
-  virtual double premul_factor(const c10d::ReduceOp& op) = 0;
+  // PREMUL_SUM's factor as a number, for a collective on `t`; the CUDA device refuses to read a
+  // device tensor back to the host while t's device's current stream is being captured.
+  virtual double premul_factor(const c10d::ReduceOp& op, const at::Tensor& t) = 0;
 
-  // wire = round16(wide * plan.pre_scale), ordered before whatever the caller issues next
-  // (CUDA: on the caller's current stream). A stochastic plan rounds with `dither`, wide's element 0
+  // wire = round16(wide * plan.pre_scale). A stochastic plan rounds with `dither`, wide's element 0
   // being element `first` of the collective's tensor.
   virtual void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan,
                     const compress::Dither& dither = {}, uint64_t first = 0) = 0;
-  // wide = widen(wire) * plan.post_scale, on the stream `after` set up.
+  // wide = widen(wire) * plan.post_scale.
   virtual void restore(const at::Tensor& wire, const at::Tensor& wide, const Plan& plan) = 0;
-
   // fp32 sums (plan.fp32_sum). `rows`: [ranks, n] 16-bit contributions, rank 0 first.
-  // wire = round16(rows[0] + rows[1] + ... in fp32), ordered like cast(); stochastic as cast().
+  // wire = round16(rows[0] + rows[1] + ... in fp32); stochastic as cast().
   virtual void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan,
                    const compress::Dither& dither = {}, uint64_t first = 0) = 0;
   // wide = (rows[0] + rows[1] + ... in fp32) * plan.post_scale, unrounded (as restore() treats a
-  // widened 16-bit value); ordered like restore().
+  // widened 16-bit value).
   virtual void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) = 0;
-  // Makes what the device does next see `work`'s results (CPU: the host waits for it and rethrows
-  // its failure; CUDA: the current stream waits on it). Null: the engine ran synchronously.
-  virtual void order_after(const c10::intrusive_ptr<c10d::Work>& work) = 0;
+  // Runs `work`: ATen operations on tensor data, which are device work like the codec's (CUDA and
+  // CPU call it at once: ATen enqueues on the current stream by itself).
+  virtual void run(const std::function<void()>& work) = 0;
 
-  // Runs `body` (the restores, then the completion of cnccl's future) once `inner`, which are
-  // complete on the host, have produced their values on the device. `buffers` are every tensor
-  // the inner engine or the restores touch (never empty: the caller's tensors are among them); they
-  // must not return to an allocator before then.
-  virtual void after(const std::vector<FuturePtr>& inner, const std::vector<at::Tensor>& buffers,
-                     const std::function<void()>& body) = 0;
-
-  // Whether the restores `after` last enqueued for this work have run (CUDA: an event query).
-  // Returns a probe, taken inside `body`.
-  virtual std::function<bool()> done_probe() = 0;
+  // A point on the current stream after everything enqueued there so far.
+  virtual EventPtr record() = 0;
+  // The current stream waits for `event` (nothing when `event` is on the current stream already).
+  virtual void wait(const EventPtr& event) = 0;
+  // The current stream waits for `work`, an engine's asynchronous work (CUDA: its end event on the
+  // engine's stream, through WorkNCCL::synchronize, never blocking the host; CPU: the host waits).
+  virtual void wait(c10d::Work& work) = 0;
+  // Makes the stream that asynchronous calls restore on current until the result is destroyed
+  // (CUDA: cnccl's side stream of the current device, so that the caller's stream never waits
+  // for the network; during graph capture the capturing stream stays current).
+  virtual std::shared_ptr<void> use_side_stream() = 0;
+  // Keeps `buffers` from their allocator until the current stream has run what it holds now
+  // (CUDA: record_stream), whatever references the engine drops before then.
+  virtual void keep(const std::vector<at::Tensor>& buffers) = 0;
 };
 
 std::shared_ptr<Device> make_cpu_device();

@@ -1,14 +1,16 @@
-// The composed path's CUDA device. Casts run on the caller's current stream, where ProcessGroupNCCL
-// orders its kernel after them. Restores run on a side stream that waits on the engine's
-// completion events (never on the host), then the result future records its events there; the
-// buffers NCCL read or wrote are recorded on that stream, so the caching allocator cannot hand
-// them out before it is done, even after ProcessGroupNCCL's wait() unstashes its references.
+// The composed path's CUDA device (docs/design.md, "Stream order"). Its codec kernels and ATen
+// operations run on the current stream. Asynchronous calls restore on a side stream that waits on
+// the engine's end events (never on the host), so the caller's stream goes on with its compute
+// while NCCL runs; every buffer NCCL read or wrote is recorded on that stream, so the caching
+// allocator cannot hand it out before the restore is done, even after WorkNCCL::synchronize()
+// unstashes its references. Events are recorded explicitly where the data is produced.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <mutex>
+#include <optional>
 
 #include "backend/cuda/nccl_engine.h"
 #include "backend/wide_data.h"
@@ -17,12 +19,35 @@
 namespace cnccl::cuda {
 namespace {
 
+// Whether the current device's current stream is being captured into a CUDA graph.
 bool capturing() { return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None; }
+
+c10::cuda::CUDAStream current_stream() { return at::cuda::getCurrentCUDAStream(); }
+
+class StreamEvent final : public composed::Event {
+ public:
+  // During graph capture nothing is recorded: every operation of a captured call stays on the
+  // capturing stream, which orders it by itself.
+  StreamEvent() = default;
+  explicit StreamEvent(const c10::cuda::CUDAStream& stream) : stream_(stream), event_(std::in_place) {
+    event_->record(stream);
+  }
+  bool query() override { return !event_ || event_->query(); }
+  void block(const c10::cuda::CUDAStream& current) {
+    if (event_ && current != *stream_) event_->block(current);
+  }
+
+ private:
+  std::optional<c10::cuda::CUDAStream> stream_;
+  std::optional<at::cuda::CUDAEvent> event_;
+};
 
 class CudaDevice final : public composed::Device {
  public:
-  double premul_factor(const c10d::ReduceOp& op) override {
+  double premul_factor(const c10d::ReduceOp& op, const at::Tensor& t) override {
     const at::Tensor factor = premul_tensor_factor(op);
+    // The capture that matters is on the stream the collective is issued on: t's device's.
+    const c10::cuda::CUDAGuard guard(t.device());
     TORCH_CHECK_VALUE(!(factor.defined() && factor.is_cuda() && capturing()),
                       "cnccl: a compressed PREMUL_SUM reads its factor on the host, which is not allowed for a CUDA "
                       "tensor factor while a CUDA graph is being captured; pass the factor as a Python number, or "
@@ -68,34 +93,29 @@ class CudaDevice final : public composed::Device {
     });
   }
 
-  // ProcessGroupNCCL's synchronize() makes the current stream wait on the collective's end event;
-  // the host does not wait (unless TORCH_NCCL_BLOCKING_WAIT asks it to).
-  void order_after(const c10::intrusive_ptr<c10d::Work>& work) override {
-    if (work) work->synchronize();
+  void run(const std::function<void()>& work) override { work(); }
+
+  composed::EventPtr record() override {
+    if (capturing()) return std::make_shared<StreamEvent>();
+    return std::make_shared<StreamEvent>(current_stream());
   }
 
-  void after(const std::vector<composed::FuturePtr>& inner, const std::vector<at::Tensor>& buffers,
-             const std::function<void()>& body) override {
-    const at::Device device = buffers.front().device();
-    c10::cuda::CUDAGuard device_guard(device);
-    // Inside a capture the restore stays on the capturing stream: a side stream would have to be
-    // joined back before the capture ends.
-    const bool in_capture = capturing();
-    const c10::cuda::CUDAStream stream =
-        in_capture ? c10::cuda::getCurrentCUDAStream(device.index()) : side_stream(device.index());
-    c10::cuda::CUDAStreamGuard stream_guard(stream);
-    // Complete futures: wait() only makes the current stream wait on their events.
-    for (const auto& f : inner) f->wait();
-    body();
-    if (in_capture) return;
-    for (const auto& b : buffers) b.record_stream(stream.unwrap());
+  void wait(const composed::EventPtr& event) override { static_cast<StreamEvent&>(*event).block(current_stream()); }
+
+  // WorkNCCL::synchronize(): the current stream waits on the work's end event (ncclEndEvent_) and
+  // the work drops the tensors it stashed; the host never blocks, whatever TORCH_NCCL_BLOCKING_WAIT
+  // says (that is wait()'s).
+  void wait(c10d::Work& work) override { work.synchronize(); }
+
+  std::shared_ptr<void> use_side_stream() override {
+    if (capturing()) return nullptr;
+    return std::make_shared<c10::cuda::CUDAStreamGuard>(side_stream(c10::cuda::current_device()));
   }
 
-  std::function<bool()> done_probe() override {
-    if (capturing()) return [] { return true; };
-    auto event = std::make_shared<at::cuda::CUDAEvent>();
-    event->record(at::cuda::getCurrentCUDAStream());
-    return [event] { return event->query(); };
+  void keep(const std::vector<at::Tensor>& buffers) override {
+    if (capturing()) return;  // a graph's memory stays in its pool while the graph lives
+    const c10::Stream stream = current_stream().unwrap();
+    for (const auto& b : buffers) b.record_stream(stream);
   }
 
  private:

@@ -1,149 +1,87 @@
-// The composed path against a test double that keeps ProcessGroupNCCL's contract (torch >= 2.8):
-// no Work for a synchronous call, futures that complete later than the call returns, failures
-// raised as DistBackendError. Oracles are plain ATen arithmetic written here, not cnccl's code.
+// The composed path over a double of ProcessGroupNCCL that keeps CUDA's stream order on the CPU
+// (stream_double.h, which cites the torch sources it copies): kernels run later, in stream order,
+// with the newest runnable work first where the order lets it, so a restore that is not ordered
+// after the engine reads a stage the engine has not written, and a caller that is not ordered after
+// the restore reads its tensor before the result is there. Oracles are plain ATen arithmetic written
+// here, not cnccl's code.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <algorithm>
-#include <deque>
-#include <functional>
 
+#include "backend/composed/composed_path.h"
 #include "backend/composed/composition.h"
+#include "backend/process_group.h"
+#include "tests/cpp/stream_double.h"
 
 namespace cnccl::composed {
 namespace {
 
+using testing::StreamDevice;
+using testing::StreamEngine;
+using testing::Streams;
+
 constexpr int kWorld = 4;
+constexpr Streams::Order kOrders[] = {Streams::Order::kIssue, Streams::Order::kAdversarial};
 
-// A group of kWorld ranks whose peers all hold what this rank holds: SUM multiplies by kWorld in
-// the tensor's own dtype (one rounding, as one 16-bit add would round), MIN/MAX leave it.
-class NcclLikeEngine : public c10d::Backend {
- public:
-  explicit NcclLikeEngine(int rank = 0) : c10d::Backend(rank, kWorld) {}
-  const std::string getBackendName() const override { return "nccl-like"; }
+const char* order_name(Streams::Order order) {
+  return order == Streams::Order::kIssue ? "issue order" : "adversarial order";
+}
 
-  // What each call received: the tensors' dtypes, and the op.
-  std::vector<std::pair<std::vector<at::ScalarType>, RedOp>> calls;
-  // The memory every call read or wrote.
-  std::vector<const void*> touched;
-  // How often a work's wait() was called (ProcessGroupNCCL's blocks the host with blocking wait),
-  // and its synchronize() (ProcessGroupNCCL's makes the current stream wait, never the host).
-  int waits = 0;
-  int stream_waits = 0;
-  bool fail_next = false;
+Config base_config() {
+  Config config;
+  config.min_bytes = 1024;
+  return config;
+}
 
-  // Runs the calls left pending, oldest first, and completes their futures ("late").
-  void complete_pending() {
-    while (!pending_.empty()) {
-      auto run = std::move(pending_.front());
-      pending_.pop_front();
-      run();
-    }
+Config fp32_sums_config() {
+  Config config = base_config();
+  config.accumulate = Accumulate::kFp32;
+  return config;
+}
+
+// One rank's composition over the double, on streams run in `order`.
+struct Rig {
+  explicit Rig(Streams::Order order = Streams::Order::kAdversarial, const Config& config = base_config(), int rank = 0)
+      : streams(order),
+        engine(c10::make_intrusive<StreamEngine>(streams, rank, kWorld)),
+        device(std::make_shared<StreamDevice>(streams)),
+        composition(Engine{engine, "nccl-like"}, device, config, &stats, rank, kWorld) {}
+
+  // `x`, written into a fresh tensor by a kernel on the caller's stream: the collective's cast must
+  // run after it.
+  at::Tensor produced(const at::Tensor& x) {
+    at::Tensor t = at::full_like(x, -7.0);
+    streams.enqueue(streams.current(), [t, x] { t.copy_(x); }, "caller writes its input");
+    return t;
   }
-  size_t pending() const { return pending_.size(); }
-  // Device work on the current stream: it runs after every call issued before it, as a kernel
-  // queued behind a stream wait would.
-  void enqueue_on_stream(std::function<void()> run) { pending_.push_back(std::move(run)); }
-
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                           const c10d::AllreduceOptions& opts) override {
-    return issue(tensors, opts.reduceOp.op_, opts.asyncOp, [tensors, op = opts.reduceOp.op_] {
-      for (const auto& t : tensors) reduce(t, op);
-    });
-  }
-
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                     const c10d::AllreduceCoalescedOptions& opts) override {
-    return allreduce(tensors, opts);
-  }
-
-  // Every peer holds this rank's input, so what each sends this rank is its own part for this rank.
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& out_splits,
-                                               std::vector<int64_t>& in_splits,
-                                               const c10d::AllToAllOptions& opts) override {
-    EXPECT_TRUE(out_splits.empty() && in_splits.empty()) << "equal splits expected";
-    std::vector<at::Tensor> ts{input, output};
-    return issue(ts, RedOp::UNUSED, opts.asyncOp, [output, input, rank = rank_] {
-      const int64_t part = input.numel() / kWorld;
-      for (int q = 0; q < kWorld; ++q) output.narrow(0, q * part, part).copy_(input.narrow(0, rank * part, part));
-    });
+  // `t` as a kernel the caller enqueues now on its stream reads it, once every stream has run.
+  at::Tensor observe(const at::Tensor& t) {
+    auto seen = std::make_shared<at::Tensor>();
+    streams.enqueue(streams.current(), [t, seen] { *seen = t.clone(); }, "caller reads");
+    streams.run();
+    EXPECT_TRUE(seen->defined()) << "the caller's stream never got to its read";
+    return seen->defined() ? *seen : at::full_like(t, std::nan(""));
   }
 
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts) override {
-    std::vector<at::Tensor> ts{input, output};
-    return issue(ts, RedOp::UNUSED, opts.asyncOp, [output, input] {
-      for (int q = 0; q < kWorld; ++q) output.narrow(0, q * input.numel(), input.numel()).copy_(input);
-    });
-  }
-
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                      const c10d::ReduceScatterOptions& opts) override {
-    std::vector<at::Tensor> ts{input, output};
-    return issue(ts, opts.reduceOp.op_, opts.asyncOp, [output, input, rank = rank_, op = opts.reduceOp.op_] {
-      at::Tensor mine = input.narrow(0, rank * output.numel(), output.numel()).clone();
-      reduce(mine, op);
-      output.copy_(mine);
-    });
-  }
-
- private:
-  class Work : public c10d::Work {
-   public:
-    Work(c10::intrusive_ptr<c10::ivalue::Future> f, int* waits, int* stream_waits)
-        : future_(std::move(f)), waits_(waits), stream_waits_(stream_waits) {}
-    void synchronize() override { ++*stream_waits_; }
-    bool wait(std::chrono::milliseconds) override {
-      ++*waits_;
-      future_->wait();
-      if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
-      return true;
-    }
-    bool isCompleted() override { return future_->completed(); }
-    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-
-   private:
-    c10::intrusive_ptr<c10::ivalue::Future> future_;
-    int* waits_;
-    int* stream_waits_;
-  };
-
-  static void reduce(const at::Tensor& t, RedOp op) {
-    if (op == RedOp::SUM) t.mul_(kWorld);
-    ASSERT_TRUE(op == RedOp::SUM || op == RedOp::MIN || op == RedOp::MAX) << "the engine got op " << int(op);
-  }
-
-  c10::intrusive_ptr<c10d::Work> issue(const std::vector<at::Tensor>& tensors, RedOp op, bool async_op,
-                                       std::function<void()> run) {
-    std::vector<at::ScalarType> dtypes;
-    for (const auto& t : tensors) {
-      dtypes.push_back(t.scalar_type());
-      touched.push_back(t.const_data_ptr());
-    }
-    calls.emplace_back(dtypes, op);
-    if (!async_op) {
-      run();
-      return {};  // ProcessGroupNCCL since torch 2.8: the kernel ran on the current stream, no Work
-    }
-    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-    const bool fail = std::exchange(fail_next, false);
-    pending_.push_back([future, run, fail, tensors] {
-      if (fail) {
-        future->setError(std::make_exception_ptr(
-            c10::DistBackendError({__func__, __FILE__, uint32_t(__LINE__)}, "NCCL communicator was aborted")));
-        return;
-      }
-      run();
-      future->markCompleted(c10::IValue(tensors));
-    });
-    return c10::make_intrusive<Work>(future, &waits, &stream_waits);
-  }
-
-  std::deque<std::function<void()>> pending_;
+  Streams streams;
+  c10::intrusive_ptr<StreamEngine> engine;
+  std::shared_ptr<StreamDevice> device;
+  Stats stats;
+  Composition composition;
 };
+
+// What the composed path must produce for an allreduce of `x` on kWorld identical ranks:
+// round16(x * pre) summed (one rounding), widened, times post. Plain ATen, fp16 wire.
+at::Tensor expected_sum(const at::Tensor& x, double pre, double post) {
+  at::Tensor wire = (x.to(at::kFloat) * pre).to(at::kHalf);
+  return (wire * kWorld).to(at::kFloat).mul(post).to(x.scalar_type());
+}
+
+at::Tensor values(int64_t n) { return at::linspace(-3.0, 5.0, n, at::kFloat).add(1.0 / 3.0); }
 
 // torch's ReduceOp(op, supplement) constructor drops the supplement, so the fields are set here.
 c10d::ReduceOp premul_sum(const at::Tensor& factor) {
@@ -153,130 +91,193 @@ c10d::ReduceOp premul_sum(const at::Tensor& factor) {
   return op;
 }
 
-// The CPU device, noting which buffers the composition asks it to keep from the allocator until the
-// restores are done (the CUDA device records them on its side stream). Between engine calls it
-// behaves as the CUDA device does: a stream wait, then work queued behind it.
-class KeepingDevice : public Device {
- public:
-  explicit KeepingDevice(NcclLikeEngine& engine) : engine_(engine) {}
-  std::vector<const void*> kept;
-
-  void order_after(const c10::intrusive_ptr<c10d::Work>& work) override {
-    if (work) work->synchronize();
-  }
-  void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
-           uint64_t first) override {
-    engine_.enqueue_on_stream(
-        [cpu = cpu_, rows, wire, plan, dither, first] { cpu->sum(rows, wire, plan, dither, first); });
-  }
-  void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) override {
-    cpu_->sum_wide(rows, wide, plan);
-  }
-
-  double premul_factor(const c10d::ReduceOp& op) override { return cpu_->premul_factor(op); }
-  void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
-            uint64_t first) override {
-    cpu_->cast(wide, wire, plan, dither, first);
-  }
-  void restore(const at::Tensor& wire, const at::Tensor& wide, const Plan& plan) override {
-    cpu_->restore(wire, wide, plan);
-  }
-  void after(const std::vector<FuturePtr>& inner, const std::vector<at::Tensor>& buffers,
-             const std::function<void()>& body) override {
-    for (const auto& b : buffers) kept.push_back(b.const_data_ptr());
-    cpu_->after(inner, buffers, body);
-  }
-  std::function<bool()> done_probe() override { return cpu_->done_probe(); }
-
- private:
-  NcclLikeEngine& engine_;
-  std::shared_ptr<Device> cpu_ = make_cpu_device();
-};
-
-class CompositionTest : public ::testing::Test {
- protected:
-  CompositionTest()
-      : engine_(c10::make_intrusive<NcclLikeEngine>()), device_(std::make_shared<KeepingDevice>(*engine_)) {
-    config_.min_bytes = 1024;
-    composition_ = std::make_unique<Composition>(Engine{engine_, "nccl-like"}, device_, config_, &stats_, 0, kWorld);
-  }
-
-  // The composition as rank `rank` of a group with accumulate=fp32.
-  void use_fp32_sums(int rank = 0) {
-    config_.accumulate = Accumulate::kFp32;
-    engine_ = c10::make_intrusive<NcclLikeEngine>(rank);
-    device_ = std::make_shared<KeepingDevice>(*engine_);
-    composition_ =
-        std::make_unique<Composition>(Engine{engine_, "nccl-like"}, device_, config_, &stats_, rank, kWorld);
-  }
-
-  NcclLikeEngine& engine() { return *engine_; }
-  Composition& composition() { return *composition_; }
-
-  // What the composed path must produce for an allreduce of `x` on kWorld identical ranks:
-  // round16(x * pre) summed (one rounding), widened, times post. Plain ATen, fp16 wire.
-  static at::Tensor expected_sum(const at::Tensor& x, double pre, double post) {
-    at::Tensor wire = (x.to(at::kFloat) * pre).to(at::kHalf);
-    return (wire * kWorld).to(at::kFloat).mul(post).to(x.scalar_type());
-  }
-
-  static at::Tensor values(int64_t n) {
-    return at::linspace(-3.0, 5.0, n, at::kFloat).add(1.0 / 3.0);
-  }
-
-  Config config_;
-  Stats stats_;
-  c10::intrusive_ptr<NcclLikeEngine> engine_;
-  std::shared_ptr<KeepingDevice> device_;
-  std::unique_ptr<Composition> composition_;
-};
-
-TEST_F(CompositionTest, SynchronousCallWithNoEngineWorkRestoresBeforeReturning) {
-  at::Tensor x = values(4096);
-  std::vector<at::Tensor> ts{x.clone()};
-  c10d::AllreduceOptions opts;
+template <typename Opts>
+Opts synchronous() {
+  Opts opts;
   opts.asyncOp = false;
-  auto work = composition().allreduce(ts, opts);
-  ASSERT_TRUE(work) << "cnccl returns a Work even when the engine returns none";
-  EXPECT_TRUE(work->isCompleted());
-  EXPECT_TRUE(at::equal(ts[0], expected_sum(x, 1.0, 1.0)));
-  EXPECT_EQ(engine().calls.at(0).first, std::vector<at::ScalarType>{at::kHalf});
-  EXPECT_TRUE(work->wait());
+  return opts;
 }
 
-TEST_F(CompositionTest, FutureCompletesOnlyAfterTheEngineAndTheRestore) {
-  at::Tensor x = values(4096);
+// --- Stream order -------------------------------------------------------------------------------
+
+// ProcessGroupNCCL runs a synchronous call on the caller's stream and returns no Work: the restore
+// must still follow the cast and the engine's kernel, and the caller's next kernel the restore
+// (FSDP2's reduce-scatter, dist.all_reduce with async_op=False).
+TEST(StreamOrder, EverySynchronousFormIsOrderedAfterTheEngineAndBeforeTheCallersNextKernel) {
+  for (const auto order : kOrders) {
+    SCOPED_TRACE(order_name(order));
+    const at::Tensor x = values(4 * 1024);
+    {
+      Rig rig(order);
+      std::vector<at::Tensor> ts{rig.produced(x)};
+      ASSERT_TRUE(rig.composition.allreduce(ts, synchronous<c10d::AllreduceOptions>()));
+      EXPECT_FALSE(rig.engine->calls.at(0).async);
+      EXPECT_TRUE(at::equal(rig.observe(ts[0]), expected_sum(x, 1.0, 1.0))) << "allreduce";
+    }
+    {
+      Rig rig(order);
+      std::vector<at::Tensor> ts{rig.produced(x), rig.produced(values(16))};
+      rig.composition.allreduce_coalesced(ts, synchronous<c10d::AllreduceCoalescedOptions>());
+      EXPECT_TRUE(at::equal(rig.observe(ts[0]), expected_sum(x, 1.0, 1.0))) << "allreduce_coalesced";
+      EXPECT_TRUE(at::equal(rig.observe(ts[1]), values(16) * kWorld)) << "allreduce_coalesced, passed through";
+    }
+    {
+      Rig rig(order);
+      at::Tensor in = rig.produced(x), out = at::full({1024}, -7.0f);
+      auto opts = synchronous<c10d::ReduceScatterOptions>();
+      opts.reduceOp = c10d::ReduceOp(RedOp::AVG);
+      rig.composition.reduce_scatter_tensor(out, in, opts);
+      EXPECT_TRUE(at::equal(rig.observe(out), expected_sum(x.narrow(0, 0, 1024), 1.0 / kWorld, 1.0)))
+          << "reduce_scatter_tensor";
+    }
+    {
+      Rig rig(order);
+      std::vector<at::Tensor> outs{at::full({1024}, -7.0f)};
+      std::vector<std::vector<at::Tensor>> ins{{}};
+      for (int q = 0; q < kWorld; ++q) ins[0].push_back(rig.produced(x.narrow(0, q * 1024, 1024).clone()));
+      rig.composition.reduce_scatter(outs, ins, synchronous<c10d::ReduceScatterOptions>());
+      EXPECT_TRUE(at::equal(rig.observe(outs[0]), expected_sum(x.narrow(0, 0, 1024), 1.0, 1.0))) << "reduce_scatter";
+    }
+    {
+      Config none = base_config();
+      none.wire.reset();
+      Rig rig(order, none);  // a strided tensor goes through a contiguous stage even uncompressed
+      at::Tensor base = rig.produced(values(64 * 64).view({64, 64}));
+      std::vector<at::Tensor> ts{base.t()};
+      rig.composition.allreduce(ts, synchronous<c10d::AllreduceOptions>());
+      EXPECT_TRUE(at::equal(rig.observe(base), values(64 * 64).view({64, 64}) * kWorld)) << "strided, wire none";
+    }
+    {
+      Rig rig(order, fp32_sums_config(), /*rank=*/1);
+      std::vector<at::Tensor> ts{rig.produced(x)};
+      rig.composition.allreduce(ts, synchronous<c10d::AllreduceOptions>());
+      // The double's allgather gives back this rank's own part only (every peer holds this rank's
+      // values), so that part is checked; tests/python/test_accumulate.py checks every part over gloo.
+      EXPECT_TRUE(at::equal(rig.observe(ts[0]).narrow(0, 1024, 1024), expected_sum(x, 1.0, 1.0).narrow(0, 1024, 1024)))
+          << "allreduce with fp32 sums";
+    }
+    {
+      Rig rig(order, fp32_sums_config(), /*rank=*/2);
+      at::Tensor in = rig.produced(x), out = at::full({1024}, -7.0f);
+      rig.composition.reduce_scatter_tensor(out, in, synchronous<c10d::ReduceScatterOptions>());
+      const at::Tensor own = x.narrow(0, 2 * 1024, 1024).to(at::kHalf).to(at::kFloat);
+      EXPECT_TRUE(at::equal(rig.observe(out), own * kWorld)) << "reduce_scatter with fp32 sums";
+    }
+  }
+}
+
+// DDP's allreduces are asynchronous: the caller's stream sees the result once it waited on the work.
+TEST(StreamOrder, AnAsynchronousCallIsSeenByTheCallerAfterWait) {
+  for (const auto order : kOrders) {
+    SCOPED_TRACE(order_name(order));
+    for (const Config& config : {base_config(), fp32_sums_config()}) {
+      Rig rig(order, config);
+      const at::Tensor x = values(4 * 1024);
+      std::vector<at::Tensor> ts{rig.produced(x)};
+      auto work = rig.composition.allreduce(ts, c10d::AllreduceOptions());
+      EXPECT_FALSE(work->isCompleted()) << "the restore has not run yet";
+      work->wait();
+      const at::Tensor seen = rig.observe(ts[0]);
+      EXPECT_TRUE(work->isCompleted());
+      EXPECT_TRUE(at::equal(seen.narrow(0, 0, 1024), expected_sum(x, 1.0, 1.0).narrow(0, 0, 1024)))
+          << config.accumulate_name();
+      EXPECT_EQ(rig.engine->waits, config.accumulate == Accumulate::kFp32 ? 2 : 1)
+          << "the caller's wait() is the engine's, for each of its works (their errors, their blocking mode)";
+    }
+  }
+}
+
+// With fp32 sums the owner's sum sits between two engine calls. It runs on cnccl's side stream: the
+// caller's stream must go on with its compute (DDP's backward) while the network is busy.
+TEST(StreamOrder, Fp32SumsNeverMakeTheCallersStreamWaitForTheNetwork) {
+  for (const auto order : kOrders) {
+    SCOPED_TRACE(order_name(order));
+    Rig rig(order, fp32_sums_config());
+    const at::Tensor x = values(4 * 1024);
+    std::vector<at::Tensor> ts{rig.produced(x)};
+    *rig.engine->network = false;
+    auto work = rig.composition.allreduce(ts, c10d::AllreduceOptions());
+    bool computed = false;
+    rig.streams.enqueue(rig.streams.current(), [&computed] { computed = true; }, "caller's compute");
+    rig.streams.run();
+    EXPECT_TRUE(computed) << "the caller's stream waited for the network";
+    EXPECT_FALSE(work->isCompleted());
+    *rig.engine->network = true;
+    work->wait();
+    EXPECT_TRUE(at::equal(rig.observe(ts[0]).narrow(0, 0, 1024), expected_sum(x, 1.0, 1.0).narrow(0, 0, 1024)));
+    EXPECT_EQ(rig.engine->waits, 2) << "the host waits only in the caller's wait(), once for each engine work";
+  }
+}
+
+// ProcessGroupNCCL's watchdog sets a work's exception after the fact (a timeout, an aborted
+// communicator), when cnccl has long enqueued its restore and completed its future.
+TEST(StreamOrder, AnErrorTheWatchdogSetsLaterFailsTheWork) {
+  Rig rig;
+  std::vector<at::Tensor> ts{values(4096)};
+  auto work = rig.composition.allreduce(ts, c10d::AllreduceOptions());
+  rig.streams.run();
+  ASSERT_TRUE(work->isCompleted());
+  ASSERT_TRUE(work->isSuccess());
+  StreamEngine::watchdog_fails(*rig.engine->last_work(), "Watchdog caught collective operation timeout");
+  EXPECT_TRUE(work->isCompleted());
+  EXPECT_FALSE(work->isSuccess());
+  ASSERT_TRUE(work->exception());
+  try {
+    std::rethrow_exception(work->exception());
+  } catch (const c10::DistBackendError& e) {
+    const std::string what = e.what_without_backtrace();
+    EXPECT_NE(what.find("cnccl allreduce (over nccl-like): the inner collective failed"), std::string::npos) << what;
+    EXPECT_NE(what.find("Watchdog caught collective operation timeout"), std::string::npos) << what;
+  }
+  EXPECT_THROW(work->wait(), c10::DistBackendError);
+  EXPECT_THROW(work->blockCurrentStream(), c10::DistBackendError);
+}
+
+// The capture state that decides whether a tensor factor may be read is the collective's device's.
+TEST(StreamOrder, PremulSumFactorIsReadForTheCollectivesDevice) {
+  Rig rig;
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = premul_sum(at::full({1}, 0.5));
+  std::vector<at::Tensor> ts{values(4096)};
+  rig.composition.allreduce(ts, opts);
+  ASSERT_EQ(rig.device->premul_devices.size(), 1u);
+  EXPECT_EQ(rig.device->premul_devices[0], ts[0].device());
+}
+
+// --- The work and its future --------------------------------------------------------------------
+
+TEST(Composition, WorkCompletesOnlyOnceTheDeviceRanTheRestore) {
+  Rig rig;
+  const at::Tensor x = values(4096);
   std::vector<at::Tensor> ts{x.clone()};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp(RedOp::AVG);
-  auto work = composition().allreduce(ts, opts);
-  auto future = work->getFuture();
-  EXPECT_FALSE(future->completed());
+  auto work = rig.composition.allreduce(ts, opts);
   EXPECT_FALSE(work->isCompleted());
-  EXPECT_TRUE(at::equal(ts[0], x)) << "the tensor changed before the engine finished";
-  engine().complete_pending();
-  ASSERT_TRUE(future->completed());
+  EXPECT_TRUE(at::equal(ts[0], x)) << "the tensor changed before the streams ran";
+  rig.streams.run();
   EXPECT_TRUE(work->isCompleted());
   EXPECT_TRUE(at::equal(ts[0], expected_sum(x, 1.0 / kWorld, 1.0)));
-  const auto value = future->value().toTensorVector();
+  const auto value = work->getFuture()->value().toTensorVector();
   ASSERT_EQ(value.size(), 1u);
   EXPECT_TRUE(value[0].is_same(ts[0])) << "the future holds the caller's own tensor";
-  EXPECT_EQ(engine().calls.at(0).second, RedOp::SUM) << "AVG's division was applied in the cast";
+  EXPECT_EQ(rig.engine->calls.at(0).op, RedOp::SUM) << "AVG's division was applied in the cast";
 }
 
-TEST_F(CompositionTest, EngineFailureIsADistBackendErrorAndLeavesTheTensor) {
-  at::Tensor x = values(4096);
+TEST(Composition, EngineFailureIsADistBackendErrorAndLeavesTheTensor) {
+  Rig rig;
+  const at::Tensor x = values(4096);
   std::vector<at::Tensor> ts{x.clone()};
-  engine().fail_next = true;
-  auto work = composition().allreduce(ts, c10d::AllreduceOptions());
-  engine().complete_pending();
+  rig.engine->fail_next = true;
+  auto work = rig.composition.allreduce(ts, c10d::AllreduceOptions());
+  rig.streams.run();
   EXPECT_TRUE(work->isCompleted());
   EXPECT_FALSE(work->isSuccess());
-  EXPECT_THROW(work->wait(), c10::DistBackendError);
   EXPECT_TRUE(work->getFuture()->hasError());
   EXPECT_TRUE(at::equal(ts[0], x)) << "a failed collective wrote into the caller's tensor";
   try {
     work->wait();
+    ADD_FAILURE() << "wait() returned";
   } catch (const c10::DistBackendError& e) {
     const std::string what = e.what_without_backtrace();
     EXPECT_NE(what.find("cnccl allreduce (over nccl-like)"), std::string::npos) << what;
@@ -284,164 +285,214 @@ TEST_F(CompositionTest, EngineFailureIsADistBackendErrorAndLeavesTheTensor) {
   }
 }
 
-TEST_F(CompositionTest, CoalescedCallSplitsByKindAndCompletesAfterEveryPart) {
+TEST(Composition, CoalescedCallSplitsByKindAndCompletesAfterEveryPart) {
+  Rig rig;
   at::Tensor big = values(4096), small = values(16), ints = at::arange(10, at::kLong);
   std::vector<at::Tensor> ts{big.clone(), small.clone(), ints.clone()};
-  auto work = composition().allreduce_coalesced(ts, c10d::AllreduceCoalescedOptions());
-  ASSERT_EQ(engine().calls.size(), 2u) << "one call for the compressed tensor, one for the plain ones";
-  EXPECT_EQ(engine().calls[0].first, std::vector<at::ScalarType>{at::kHalf});
-  EXPECT_EQ(engine().calls[1].first, (std::vector<at::ScalarType>{at::kFloat, at::kLong}));
-  EXPECT_EQ(engine().pending(), 2u);
-  EXPECT_FALSE(work->getFuture()->completed());
-  engine().complete_pending();
-  ASSERT_TRUE(work->getFuture()->completed());
-  EXPECT_TRUE(at::equal(ts[0], expected_sum(big, 1.0, 1.0)));
-  EXPECT_TRUE(at::equal(ts[1], small * kWorld));
-  EXPECT_TRUE(at::equal(ts[2], ints * kWorld));
+  auto work = rig.composition.allreduce_coalesced(ts, c10d::AllreduceCoalescedOptions());
+  ASSERT_EQ(rig.engine->calls.size(), 2u) << "one call for the compressed tensor, one for the plain ones";
+  EXPECT_EQ(rig.engine->calls[0].dtypes, std::vector<at::ScalarType>{at::kHalf});
+  EXPECT_EQ(rig.engine->calls[1].dtypes, (std::vector<at::ScalarType>{at::kFloat, at::kLong}));
+  work->wait();
+  EXPECT_TRUE(at::equal(rig.observe(ts[0]), expected_sum(big, 1.0, 1.0)));
+  EXPECT_TRUE(at::equal(rig.observe(ts[1]), small * kWorld));
+  EXPECT_TRUE(at::equal(rig.observe(ts[2]), ints * kWorld));
 }
 
-TEST_F(CompositionTest, UncompressedPremulSumNeverReadsItsTensorFactor) {
+TEST(Composition, UncompressedPremulSumNeverReadsItsTensorFactor) {
+  Rig rig;
   // A meta tensor cannot be read on the host: reading it would throw.
   const at::Tensor factor = at::ones({1}, at::TensorOptions().device(at::kMeta));
   c10d::AllreduceOptions opts;
   opts.reduceOp = premul_sum(factor);
   std::vector<at::Tensor> small{values(16)};  // below min_bytes: goes to the engine as it is
-  EXPECT_NO_THROW(composition().allreduce(small, opts));
-  EXPECT_EQ(engine().calls.back().second, RedOp::PREMUL_SUM) << "the engine applies the factor itself";
+  EXPECT_NO_THROW(rig.composition.allreduce(small, opts));
+  EXPECT_EQ(rig.engine->calls.back().op, RedOp::PREMUL_SUM) << "the engine applies the factor itself";
   std::vector<at::Tensor> big{values(4096)};
   try {
-    composition().allreduce(big, opts);
+    rig.composition.allreduce(big, opts);
     ADD_FAILURE() << "compressing needs the factor on the host, which a meta tensor cannot give";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("meta"), std::string::npos) << e.what();
   }
 }
 
-TEST_F(CompositionTest, PremulSumTensorFactorIsAppliedInTheCast) {
+TEST(Composition, PremulSumTensorFactorIsAppliedInTheCast) {
+  Rig rig;
   const at::Tensor x = values(4 * 1024);
   at::Tensor out = at::empty({1024});
   at::Tensor in = x.clone();
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = premul_sum(at::full({1}, 0.5));
-  auto work = composition().reduce_scatter_tensor(out, in, opts);
-  engine().complete_pending();
-  work->wait();
-  EXPECT_TRUE(at::equal(out, expected_sum(x.narrow(0, 0, 1024), 0.5, 1.0)));
-  EXPECT_TRUE(at::equal(in, x)) << "reduce_scatter must not modify its input";
+  rig.composition.reduce_scatter_tensor(out, in, opts)->wait();
+  EXPECT_TRUE(at::equal(rig.observe(out), expected_sum(x.narrow(0, 0, 1024), 0.5, 1.0)));
+  EXPECT_TRUE(at::equal(rig.observe(in), x)) << "reduce_scatter must not modify its input";
 }
 
-TEST_F(CompositionTest, StridedTensorIsReducedThroughAContiguousStage) {
+TEST(Composition, StridedTensorIsReducedThroughAContiguousStage) {
+  Rig rig;
   at::Tensor base = values(64 * 64).view({64, 64});
   at::Tensor view = base.t();
   const at::Tensor expected = expected_sum(view.contiguous(), 1.0, 1.0);
   std::vector<at::Tensor> ts{view};
-  composition().allreduce(ts, c10d::AllreduceOptions());
-  engine().complete_pending();
+  rig.composition.allreduce(ts, c10d::AllreduceOptions())->wait();
+  rig.observe(base);
   EXPECT_TRUE(at::equal(view, expected)) << "the result must land in the caller's memory through the view";
 }
 
-TEST_F(CompositionTest, EveryBufferTheEngineTouchedIsKeptUntilTheRestoresRan) {
-  at::Tensor in = values(4 * 1024);
-  at::Tensor out = at::empty({1024});
-  // reduce_scatter's 16-bit input is read by the engine and by nothing after it: the buffer most
-  // easily handed back to the allocator while the engine still reads it.
-  auto work = composition().reduce_scatter_tensor(out, in, c10d::ReduceScatterOptions());
-  std::vector<at::Tensor> ts{in.clone()};
-  auto work2 = composition().allreduce(ts, c10d::AllreduceOptions());
-  engine().complete_pending();
-  work->wait();
-  work2->wait();
-  ASSERT_FALSE(engine().touched.empty());
-  for (const void* p : engine().touched) {
-    EXPECT_NE(std::find(device_->kept.begin(), device_->kept.end(), p), device_->kept.end())
-        << "a buffer the engine used was not kept until the restores ran";
+TEST(Composition, EveryBufferTheEngineTouchedIsKeptUntilTheRestoresRan) {
+  for (const Config& config : {base_config(), fp32_sums_config()}) {
+    Rig rig(Streams::Order::kAdversarial, config);
+    at::Tensor in = values(4 * 1024);
+    at::Tensor out = at::empty({1024});
+    // reduce_scatter's 16-bit input is read by the engine and by nothing after it: the buffer most
+    // easily handed back to the allocator while the engine still reads it.
+    auto work = rig.composition.reduce_scatter_tensor(out, in, c10d::ReduceScatterOptions());
+    std::vector<at::Tensor> ts{in.clone()};
+    auto work2 = rig.composition.allreduce(ts, c10d::AllreduceOptions());
+    ASSERT_FALSE(rig.engine->touched.empty());
+    for (const void* p : rig.engine->touched) {
+      const auto& kept = rig.device->kept;
+      auto it = std::find_if(kept.begin(), kept.end(), [p](const auto& k) { return k.data == p; });
+      ASSERT_NE(it, kept.end()) << "a buffer the engine used was not kept until the restores ran";
+      EXPECT_EQ(it->until.stream, rig.device->side_stream()) << "kept on the stream the restore runs on";
+    }
+    rig.streams.run();
   }
 }
 
-TEST_F(CompositionTest, IssuingNeverWaitsOnTheEngine) {
+TEST(Composition, IssuingNeverWaitsOnTheEngine) {
   // With TORCH_NCCL_BLOCKING_WAIT=1, ProcessGroupNCCL's wait() blocks the host: calling it while
   // issuing would make every compressed collective synchronous.
-  std::vector<at::Tensor> ts{values(4096)};
-  auto work = composition().allreduce(ts, c10d::AllreduceOptions());
-  std::vector<at::Tensor> parts{values(4096), values(16)};
-  auto work2 = composition().allreduce_coalesced(parts, c10d::AllreduceCoalescedOptions());
-  EXPECT_EQ(engine().waits, 0);
-  engine().complete_pending();
-  EXPECT_EQ(engine().waits, 0) << "the restores ran on completion, without waiting on the engine";
-  work->wait();
-  EXPECT_EQ(engine().waits, 1) << "the caller's wait() is the engine's (its errors, its blocking mode)";
+  for (const Config& config : {base_config(), fp32_sums_config()}) {
+    Rig rig(Streams::Order::kAdversarial, config);
+    std::vector<at::Tensor> ts{values(4096)};
+    auto work = rig.composition.allreduce(ts, c10d::AllreduceOptions());
+    std::vector<at::Tensor> parts{values(4096), values(16)};
+    auto work2 = rig.composition.allreduce_coalesced(parts, c10d::AllreduceCoalescedOptions());
+    rig.streams.run();
+    EXPECT_EQ(rig.engine->waits, 0) << config.accumulate_name();
+    work->wait();
+    EXPECT_EQ(rig.engine->waits, config.accumulate == Accumulate::kFp32 ? 2 : 1)
+        << "the caller's wait() is the engine's, for each of its works";
+  }
 }
 
-TEST_F(CompositionTest, BlockCurrentStreamWaitsForTheRestoreNotTheEngine) {
+TEST(Composition, BlockCurrentStreamWaitsForTheRestoreNotTheEngine) {
+  Rig rig;
   std::vector<at::Tensor> ts{values(4096)};
   const at::Tensor x = ts[0].clone();
-  auto work = composition().allreduce(ts, c10d::AllreduceOptions());
-  engine().complete_pending();
+  auto work = rig.composition.allreduce(ts, c10d::AllreduceOptions());
   work->blockCurrentStream();
-  EXPECT_EQ(engine().waits, 0);
-  EXPECT_TRUE(at::equal(ts[0], expected_sum(x, 1.0, 1.0)));
-  engine().fail_next = true;
+  EXPECT_EQ(rig.engine->waits, 0);
+  EXPECT_TRUE(at::equal(rig.observe(ts[0]), expected_sum(x, 1.0, 1.0)));
+  rig.engine->fail_next = true;
   std::vector<at::Tensor> ts2{values(4096)};
-  auto failed = composition().allreduce(ts2, c10d::AllreduceOptions());
-  engine().complete_pending();
+  auto failed = rig.composition.allreduce(ts2, c10d::AllreduceOptions());
   EXPECT_THROW(failed->blockCurrentStream(), c10::DistBackendError);
 }
 
-TEST_F(CompositionTest, Fp32SumsGoToTheOwnersAndBackWithoutTheHostWaiting) {
-  use_fp32_sums(/*rank=*/1);
+TEST(Composition, Fp32SumsGoToTheOwnersAndBackWithoutTheHostWaiting) {
   const at::Tensor x = values(4097);  // not a multiple of the world size: the last part is padded
   for (RedOp op : {RedOp::SUM, RedOp::AVG}) {
-    engine().calls.clear();
-    engine().waits = 0;
+    Rig rig(Streams::Order::kAdversarial, fp32_sums_config(), /*rank=*/1);
     std::vector<at::Tensor> ts{x.clone()};
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp(op);
-    auto work = composition().allreduce(ts, opts);
-    ASSERT_EQ(engine().calls.size(), 2u) << "an all-to-all to the owners, then an allgather";
-    EXPECT_EQ(engine().calls[0].first, (std::vector<at::ScalarType>{at::kHalf, at::kHalf}));
-    EXPECT_EQ(engine().waits, 0) << "the host never waits between the two";
-    EXPECT_GE(engine().stream_waits, 1) << "the sum waits on the all-to-all on the stream";
-    EXPECT_TRUE(at::equal(ts[0], x)) << "the tensor changed before the engine finished";
-    engine().complete_pending();
+    auto work = rig.composition.allreduce(ts, opts);
+    ASSERT_EQ(rig.engine->calls.size(), 2u) << "an all-to-all to the owners, then an allgather";
+    EXPECT_EQ(rig.engine->calls[0].dtypes, (std::vector<at::ScalarType>{at::kHalf, at::kHalf}));
+    EXPECT_EQ(rig.engine->waits, 0) << "the host never waits between the two";
+    EXPECT_GE(rig.engine->stream_waits, 1) << "the sum waits on the all-to-all on the stream";
     work->wait();
     // kWorld equal rows summed in fp32 and rounded once: the same bits as one 16-bit multiply.
-    // This double's allgather can only give back this rank's own part, so that part is checked
-    // here; tests/python/test_accumulate.py checks every part over gloo at 2-4 ranks.
     const int64_t part = (x.numel() + kWorld - 1) / kWorld;
     const at::Tensor want = expected_sum(x, op == RedOp::AVG ? 1.0 / kWorld : 1.0, 1.0);
-    EXPECT_TRUE(at::equal(ts[0].narrow(0, part, part), want.narrow(0, part, part))) << op_name(op);
+    EXPECT_TRUE(at::equal(rig.observe(ts[0]).narrow(0, part, part), want.narrow(0, part, part))) << op_name(op);
   }
 }
 
-TEST_F(CompositionTest, Fp32SumsReduceScatterNeverRoundsTheSumTo16Bits) {
-  use_fp32_sums(/*rank=*/2);
+TEST(Composition, Fp32SumsReduceScatterNeverRoundsTheSumTo16Bits) {
+  Rig rig(Streams::Order::kAdversarial, fp32_sums_config(), /*rank=*/2);
   // 30000 is exact in fp16; four of them (120000) are not representable there (fp16 overflows
   // above 65504), but are in fp32.
   at::Tensor in = at::full({4 * 1000}, 30000.0f);
   in.narrow(0, 2 * 1000, 1000).copy_(values(1000));  // rank 2's own part
   at::Tensor out = at::empty({1000});
-  auto work = composition().reduce_scatter_tensor(out, in, c10d::ReduceScatterOptions());
-  EXPECT_EQ(engine().calls.at(0).second, RedOp::UNUSED) << "an all-to-all, not a reduce-scatter";
-  engine().complete_pending();
+  auto work = rig.composition.reduce_scatter_tensor(out, in, c10d::ReduceScatterOptions());
+  EXPECT_EQ(rig.engine->calls.at(0).name, "alltoall_base") << "an all-to-all, not a reduce-scatter";
   work->wait();
   const at::Tensor own = values(1000).to(at::kHalf).to(at::kFloat);
-  EXPECT_TRUE(at::equal(out, own * kWorld));
+  EXPECT_TRUE(at::equal(rig.observe(out), own * kWorld));
   at::Tensor big = at::full({4 * 1000}, 30000.0f);
-  auto work2 = composition().reduce_scatter_tensor(out, big, c10d::ReduceScatterOptions());
-  engine().complete_pending();
-  work2->wait();
-  EXPECT_TRUE(at::equal(out, at::full({1000}, 120000.0f))) << out[0].item<float>();
+  rig.composition.reduce_scatter_tensor(out, big, c10d::ReduceScatterOptions())->wait();
+  EXPECT_TRUE(at::equal(rig.observe(out), at::full({1000}, 120000.0f))) << out[0].item<float>();
 }
 
-TEST_F(CompositionTest, Fp32SumsFailureOfTheAllToAllFailsTheWorkAndLeavesTheTensor) {
-  use_fp32_sums();
+TEST(Composition, Fp32SumsFailureOfTheAllToAllFailsTheWorkAndLeavesTheTensor) {
+  Rig rig(Streams::Order::kAdversarial, fp32_sums_config());
   const at::Tensor x = values(4096);
   std::vector<at::Tensor> ts{x.clone()};
-  engine().fail_next = true;  // the all-to-all
-  auto work = composition().allreduce(ts, c10d::AllreduceOptions());
-  engine().complete_pending();
+  rig.engine->fail_next = true;  // the all-to-all
+  auto work = rig.composition.allreduce(ts, c10d::AllreduceOptions());
+  rig.streams.run();
   EXPECT_THROW(work->wait(), c10::DistBackendError);
   EXPECT_TRUE(at::equal(ts[0], x)) << "a failed collective wrote into the caller's tensor";
+}
+
+// --- Coalescing and lifetime --------------------------------------------------------------------
+
+// batch_isend_irecv brackets its operations with start/endCoalescing when the backend supports
+// coalescing; NCCL then issues them as one group (two-way exchanges with a peer cannot deadlock).
+TEST(ComposedPath, ACoalescedWindowReachesTheEngineAsOneGroup) {
+  Streams streams(Streams::Order::kAdversarial);
+  auto engine = c10::make_intrusive<StreamEngine>(streams, 0, kWorld);
+  ComposedPath path(0, kWorld, std::make_unique<Composition>(Engine{engine, "nccl-like"},
+                                                             std::make_shared<StreamDevice>(streams), base_config(),
+                                                             nullptr, 0, kWorld));
+  EXPECT_TRUE(path.supportsCoalescing());
+  path.startCoalescing();
+  std::vector<at::Tensor> out{values(16)}, in{at::zeros({16})}, grad{values(4096)};
+  EXPECT_FALSE(path.send(out, 1, 0));
+  EXPECT_FALSE(path.recv(in, 1, 0));
+  // A compressible allreduce inside the window joins the group as it is: the composition cannot
+  // restore after a kernel that runs only at the window's end.
+  path.allreduce(grad, c10d::AllreduceOptions());
+  auto work = path.endCoalescing();
+  ASSERT_TRUE(work) << "the window's work is the engine's";
+  std::vector<std::string> names;
+  for (const auto& c : engine->calls) names.push_back(c.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"startCoalescing", "send", "recv", "allreduce", "endCoalescing"}));
+  EXPECT_EQ(engine->calls[3].dtypes, std::vector<at::ScalarType>{at::kFloat});
+  work->wait();
+  streams.run();
+  EXPECT_TRUE(at::equal(grad[0], values(4096) * kWorld));
+}
+
+// torch's own ~ProcessGroupNCCL aborts when destroy_process_group() was never called, so that an exit
+// never waits for a dead peer; a group destroyed without shutdown() must leave its engine to that.
+TEST(ProcessGroup, DestroyingTheGroupNeverShutsTheCudaEngineDown) {
+  Streams streams(Streams::Order::kIssue);
+  auto engine = c10::make_intrusive<StreamEngine>(streams, 0, 1);
+  const auto lifetime = engine->lifetime;
+  auto group = c10::make_intrusive<ProcessGroupCNCCL>(c10::make_intrusive<c10d::HashStore>(), 0, 1,
+                                                      c10::make_intrusive<Options>(), nullptr, engine);
+  engine.reset();
+  group.reset();
+  EXPECT_EQ(lifetime->shutdowns, 0) << "shutdown() flushes and waits for every peer";
+  EXPECT_TRUE(lifetime->destroyed) << "the group released its engine to the engine's own destructor";
+}
+
+TEST(ProcessGroup, ShutdownAndAbortReachTheCudaEngine) {
+  Streams streams(Streams::Order::kIssue);
+  auto engine = c10::make_intrusive<StreamEngine>(streams, 0, 1);
+  auto group = c10::make_intrusive<ProcessGroupCNCCL>(c10::make_intrusive<c10d::HashStore>(), 0, 1,
+                                                      c10::make_intrusive<Options>(), nullptr, engine);
+  EXPECT_TRUE(group->supportsCoalescing());
+  group->abort();
+  EXPECT_EQ(engine->lifetime->aborts, 1);
+  group->shutdown();
+  EXPECT_EQ(engine->lifetime->shutdowns, 1);
 }
 
 }  // namespace
