@@ -1,6 +1,9 @@
-"""Compiles cnccl's torch-facing sources against another torch's headers (default: 2.11.0, the GPU
+"""Compiles every C++ translation unit that bench/gpu_check.sh builds (backend, compress, python,
+tests/cpp, bench, and the C++ example) against another torch's headers (default: 2.11.0, the GPU
 machine's), without building or linking: the Backend/Work/ProcessGroupNCCL API moves between
-minors, and the source must build against both the pinned torch and that one.
+minors, and the source must build against both the pinned torch and that one. Fails unless the
+CUDA path's sources (backend/cuda/) were among them: a build without CUDA would check too little.
+The CUDA kernels (.cu) include no torch header and are not compiled here.
 
     python3 .ci/torch_compat.py [VERSION]     (after .ci/setup; reads build/compile_commands.json)
 """
@@ -35,35 +38,55 @@ def headers():
     return include
 
 
+# Where gpu_check.sh's sources live; the example is built by its own CMake project against the
+# installed package, so its command is a test's with the source swapped.
+DIRS = ("backend/", "compress/", "python/", "tests/cpp/", "bench/")
+EXAMPLE = REPO / "examples" / "cpp_allreduce" / "main.cpp"
+CUDA_SOURCES = "backend/cuda/"
+
+
 def main():
     ours = str(Path(torch.__file__).parent / "include")
     theirs = str(headers())
     build = Path(os.environ.get("CNCCL_BUILD_DIR", REPO / "build"))
     jobs = []
+    template = None
     for entry in json.load(open(build / "compile_commands.json")):
-        src = entry["file"]
-        if not (src.startswith(str(REPO / "backend")) or src.endswith("binding.cpp")):
+        src = Path(entry["file"]).resolve()
+        rel = str(src.relative_to(REPO)) if src.is_relative_to(REPO) else ""
+        if not rel.startswith(DIRS) or src.suffix == ".cu":
             continue
         args = shlex.split(entry["command"])
         i = args.index("-o")
         del args[i:i + 2]
-        jobs.append((src, [a.replace(ours, theirs) for a in args] + ["-fsyntax-only"], entry["directory"]))
+        args = [a.replace(ours, theirs) for a in args] + ["-fsyntax-only"]
+        jobs.append((rel, args, entry["directory"]))
+        if rel == "tests/cpp/test_composition.cpp":
+            template = (args, entry["directory"], entry["file"])
+    if template is None:
+        print("FAIL: no compile command for tests/cpp/test_composition.cpp: configure with CNCCL_BUILD_TESTS=ON")
+        return 1
+    args, cwd, test_src = template
+    jobs.append((str(EXAMPLE.relative_to(REPO)), [str(EXAMPLE) if a == test_src else a for a in args], cwd))
 
     def compile_one(job):
-        src, args, cwd = job
+        rel, args, cwd = job
         r = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
-        return src, r.returncode, r.stderr
+        return rel, r.returncode, r.stderr
 
     failed = 0
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        for src, rc, err in pool.map(compile_one, jobs):
-            print(f"{'ok  ' if rc == 0 else 'FAIL'} {os.path.relpath(src, REPO)}")
+        for rel, rc, err in pool.map(compile_one, jobs):
+            print(f"{'ok  ' if rc == 0 else 'FAIL'} {rel}")
             if rc:
                 failed += 1
                 print("\n".join(line for line in err.splitlines() if "error" in line))
-    print(f"torch {VERSION} headers: {len(jobs) - failed}/{len(jobs)} sources compile")
-    return 1 if failed or not jobs else 0
-
+    cuda = [rel for rel, _, _ in jobs if rel.startswith(CUDA_SOURCES)]
+    print(f"torch {VERSION} headers: {len(jobs) - failed}/{len(jobs)} sources compile; CUDA path: "
+          f"{', '.join(cuda) if cuda else 'NONE'}")
+    if not cuda:
+        print(f"FAIL: no {CUDA_SOURCES} source was compiled: this build has no CUDA path (CNCCL_WITH_CUDA off)")
+    return 1 if failed or not cuda else 0
 
 if __name__ == "__main__":
     sys.exit(main())

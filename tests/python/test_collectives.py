@@ -258,6 +258,27 @@ def send_recv_and_any_source(ctx):
         dist.send(torch.full((3,), float(r)), 0)
 
 
+@case(min_world=2)
+def batch_isend_irecv_two_way_exchange(ctx):
+    """batch_isend_irecv goes through a coalescing window when the backend supports coalescing (on
+    CUDA, one NCCL group); on the CPU paths the window's sends and receives complete in the one work
+    it returns. Both neighbours at once, 4 MiB each way: more than any transport buffers."""
+    P, r = ctx.world, ctx.rank
+    assert dist.group.WORLD._get_backend(torch.device("cpu")).supports_coalescing
+    right, left = (r + 1) % P, (r - 1) % P
+    n = 1 << 20
+    sends = [torch.full((n,), float(r)), torch.full((n,), float(r) + 0.5)]
+    got_left, got_right = torch.empty(n), torch.empty(n)
+    ops = [dist.P2POp(dist.isend, sends[0], right), dist.P2POp(dist.irecv, got_left, left),
+           dist.P2POp(dist.isend, sends[1], left), dist.P2POp(dist.irecv, got_right, right)]
+    works = dist.batch_isend_irecv(ops)
+    assert len(works) == 1, works
+    works[0].wait()
+    assert works[0].is_completed()
+    assert torch.all(got_left == left), got_left[:4]
+    assert torch.all(got_right == right + 0.5), got_right[:4]
+
+
 @case(min_world=3)
 def subgroups(ctx):
     sub = dist.new_group([0, 2], backend="cnccl")
