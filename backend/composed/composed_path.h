@@ -64,8 +64,9 @@ class ComposedPath final : public c10d::Backend {
 
   // A coalescing window is the engine's (NCCL issues its calls as one group at the end). Compressing
   // calls in it go to the engine as they are: their restore would have to follow a kernel that runs
-  // only when the window closes. (torch's _coalescing_manager issues allreduce and reduce_scatter
-  // as one coalesced call after the window, which is compressed as usual.)
+  // only when the window closes, and a work NCCL returns inside a window records no end event.
+  // (torch's _coalescing_manager given a device issues its allreduce_coalesced or
+  // reduce_scatter_tensor_coalesced inside the window, so that goes uncompressed.)
   bool supportsCoalescing() const override { return true; }
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;

@@ -425,6 +425,9 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std:
     staged.push_back(issued.staged);
     stage_ins.insert(stage_ins.end(), issued.buffers.begin(), issued.buffers.end());
   }
+  // The inputs that went to the engine as they are must be kept too: the engine drops its own
+  // references to them when the restore's stream waits on it.
+  stage_ins.insert(stage_ins.end(), direct_in.begin(), direct_in.end());
   return finish(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", timing, std::move(calls),
                 std::move(staged), std::move(stage_ins), outputs);
 }
@@ -525,10 +528,11 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, const Timing& t
       const c10::DeviceGuard guard(device);
       const auto on_restore_stream = restore_stream(*device_of, async_op);
       for (const auto& call : calls) wait_for(*device_of, call);
+      // Kept before anything that may throw: the waits above let the engine drop its references.
+      device_of->keep(buffers);
       device_of->run([device_of, staged] {
         for (const auto& s : staged) unstage(*device_of, s);
       });
-      device_of->keep(buffers);
       work->set_restored(device_of->record());
       result->markCompleted(c10::IValue(outputs));
     } catch (...) {

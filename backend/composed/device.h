@@ -55,7 +55,7 @@ class Device {
 
   // A point on the current stream after everything enqueued there so far.
   virtual EventPtr record() = 0;
-  // The current stream waits for `event` (nothing when `event` is on the current stream already).
+  // The current stream of event's device waits for it (nothing when that is the event's stream).
   virtual void wait(const EventPtr& event) = 0;
   // The current stream waits for `work`, an engine's asynchronous work (CUDA: its end event on the
   // engine's stream, through WorkNCCL::synchronize, never blocking the host; CPU: the host waits).

@@ -33,8 +33,11 @@ class StreamEvent final : public composed::Event {
     event_->record(stream);
   }
   bool query() override { return !event_ || event_->query(); }
-  void block(const c10::cuda::CUDAStream& current) {
-    if (event_ && current != *stream_) event_->block(current);
+  // The current stream of the event's device waits (whichever device is current).
+  void block() {
+    if (!event_) return;
+    const c10::cuda::CUDAStream current = at::cuda::getCurrentCUDAStream(stream_->device_index());
+    if (current != *stream_) event_->block(current);
   }
 
  private:
@@ -100,7 +103,7 @@ class CudaDevice final : public composed::Device {
     return std::make_shared<StreamEvent>(current_stream());
   }
 
-  void wait(const composed::EventPtr& event) override { static_cast<StreamEvent&>(*event).block(current_stream()); }
+  void wait(const composed::EventPtr& event) override { static_cast<StreamEvent&>(*event).block(); }
 
   // WorkNCCL::synchronize(): the current stream waits on the work's end event (ncclEndEvent_) and
   // the work drops the tensors it stashed; the host never blocks, whatever TORCH_NCCL_BLOCKING_WAIT

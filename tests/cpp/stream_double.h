@@ -269,6 +269,20 @@ class StreamEngine : public c10d::Backend {
                    output.copy_(mine);
                  });
   }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override {
+    std::vector<at::Tensor> ts = inputs;
+    ts.insert(ts.end(), outputs.begin(), outputs.end());
+    return issue("reduce_scatter_tensor_coalesced", ts, opts.reduceOp.op_, opts.asyncOp,
+                 [outputs, inputs, op = opts.reduceOp.op_, this] {
+                   for (size_t i = 0; i < inputs.size(); ++i) {
+                     at::Tensor mine = inputs[i].narrow(0, rank_ * outputs[i].numel(), outputs[i].numel()).clone();
+                     reduce(mine, op);
+                     outputs[i].copy_(mine);
+                   }
+                 });
+  }
   // Point-to-point: ProcessGroupNCCL::pointToPoint always runs on its own stream.
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int, int) override {
     return issue("send", tensors, RedOp::UNUSED, true, [] {});

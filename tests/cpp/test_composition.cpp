@@ -350,6 +350,10 @@ TEST(Composition, EveryBufferTheEngineTouchedIsKeptUntilTheRestoresRan) {
     auto work = rig.composition.reduce_scatter_tensor(out, in, c10d::ReduceScatterOptions());
     std::vector<at::Tensor> ts{in.clone()};
     auto work2 = rig.composition.allreduce(ts, c10d::AllreduceOptions());
+    // A coalesced call with a tensor the engine reduces as it is (below min_bytes) beside one it
+    // reduces staged: the plain input is read by the engine alone.
+    std::vector<at::Tensor> outs{at::empty({1024}), at::empty({16})}, ins{values(4 * 1024), values(4 * 16)};
+    auto work3 = rig.composition.reduce_scatter_tensor_coalesced(outs, ins, c10d::ReduceScatterOptions());
     ASSERT_FALSE(rig.engine->touched.empty());
     for (const void* p : rig.engine->touched) {
       const auto& kept = rig.device->kept;
