@@ -87,8 +87,9 @@ WorkPtr ProcessGroupCNCCL::endCoalescing() {
   return c10::make_intrusive<WorkList>(rank_, c10d::OpType::COALESCED, std::move(works));
 }
 
-WorkPtr ProcessGroupCNCCL::in_window(WorkPtr work, const at::Tensor& t) {
-  if (window_ && work && !t.is_cuda()) window_->cpu_works.push_back(work);
+WorkPtr ProcessGroupCNCCL::in_window(WorkPtr work, const std::vector<at::Tensor>& tensors) {
+  const bool cuda = !tensors.empty() && tensors[0].defined() && tensors[0].is_cuda();
+  if (window_ && work && !cuda) window_->cpu_works.push_back(work);
   return work;
 }
 
@@ -222,15 +223,15 @@ WorkPtr ProcessGroupCNCCL::alltoall(std::vector<at::Tensor>& outputs, std::vecto
 }
 
 WorkPtr ProcessGroupCNCCL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  return in_window(path_for(tensors, "send").send(tensors, dst_rank, tag), tensors.at(0));
+  return in_window(path_for(tensors, "send").send(tensors, dst_rank, tag), tensors);
 }
 
 WorkPtr ProcessGroupCNCCL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  return in_window(path_for(tensors, "recv").recv(tensors, src_rank, tag), tensors.at(0));
+  return in_window(path_for(tensors, "recv").recv(tensors, src_rank, tag), tensors);
 }
 
 WorkPtr ProcessGroupCNCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  return in_window(path_for(tensors, "recv").recvAnysource(tensors, tag), tensors.at(0));
+  return in_window(path_for(tensors, "recv").recvAnysource(tensors, tag), tensors);
 }
 
 WorkPtr ProcessGroupCNCCL::barrier(const c10d::BarrierOptions& opts) { return cpu_->barrier(opts); }

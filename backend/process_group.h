@@ -118,7 +118,7 @@ class ProcessGroupCNCCL : public c10d::Backend {
   c10d::Backend& cuda_path(const char* op);
   c10::intrusive_ptr<c10d::Backend> cuda_created();  // null until the first CUDA operation
   // A point-to-point work, kept for the window's work when a window is open.
-  c10::intrusive_ptr<c10d::Work> in_window(c10::intrusive_ptr<c10d::Work> work, const at::Tensor& t);
+  c10::intrusive_ptr<c10d::Work> in_window(c10::intrusive_ptr<c10d::Work> work, const std::vector<at::Tensor>& tensors);
 
   struct Window {
     bool cuda_started = false;
