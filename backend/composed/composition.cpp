@@ -59,7 +59,7 @@ std::vector<at::Tensor> stages_of(const std::vector<Composition::Staged>& staged
   return out;
 }
 
-// Writes an engine's result back into the caller's tensor (on the stream Device::after set up).
+// Writes an engine's result back into the caller's tensor, on the current stream (the restore's).
 void unstage(Device& device, const Composition::Staged& s) {
   const bool in_place = s.target.is_contiguous();
   at::Tensor out = in_place ? flat(s.target) : at::empty({s.target.numel()}, s.target.options());
