@@ -4,6 +4,7 @@
 #         (codec, policy, host threads, composition, the host algorithms; the example runs as two
 #         processes under plain ctest)
 #   tsan  ThreadSanitizer: the host path's threading test
+# The codec's random sweep runs reduced under ASan (CNCCL_TEST_REDUCED_SWEEPS): ctest runs it whole.
 # Usage: .ci/sanitize.sh [asan|tsan|all]   (after .ci/setup; CI runs asan). Exit 1 on any report.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,7 @@ run_config() {  # name sanitizers targets...
 }
 
 if [[ $which == asan || $which == all ]]; then
-  ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1" \
+  CNCCL_TEST_REDUCED_SWEEPS=1 ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1" \
   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     run_config asan address,undefined test_codec test_stochastic test_codec_frames test_frames test_policy \
       test_host_threads test_composition \

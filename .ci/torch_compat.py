@@ -45,6 +45,21 @@ EXAMPLE = REPO / "examples" / "cpp_allreduce" / "main.cpp"
 CUDA_SOURCES = "backend/cuda/"
 
 
+def without_pch(args):
+    """A compile command without the build's precompiled header (CNCCL_PCH), which holds the pinned
+    torch's headers: each unit is compiled from its own includes, as a build without it would."""
+    out = []
+    i = 0
+    while i < len(args):
+        if args[i] == "-include" and i + 1 < len(args) and args[i + 1].endswith("cmake_pch.hxx"):
+            i += 2
+            continue
+        if args[i] != "-Winvalid-pch":
+            out.append(args[i])
+        i += 1
+    return out
+
+
 def main():
     ours = str(Path(torch.__file__).parent / "include")
     theirs = str(headers())
@@ -56,7 +71,7 @@ def main():
         rel = str(src.relative_to(REPO)) if src.is_relative_to(REPO) else ""
         if not rel.startswith(DIRS) or src.suffix == ".cu":
             continue
-        args = shlex.split(entry["command"])
+        args = without_pch(shlex.split(entry["command"]))
         i = args.index("-o")
         del args[i:i + 2]
         args = [a.replace(ours, theirs) for a in args] + ["-fsyntax-only"]

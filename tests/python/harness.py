@@ -16,6 +16,9 @@ What keeps one job's outcome from depending on anything but its cases:
   groups by that count), since a case that failed part way may have created fewer on some ranks.
 - Each rank's output goes to a log in the job's folder; a rank that stops early fails the cases
   it did not finish with its error and the end of that log.
+- A watchdog in every rank (faulthandler) ends a rank whose case runs past its budget, after
+  writing every Python thread's stack to its log; the case's failure quotes that dump for each
+  rank it fired on. A rank still running at the job's timeout is killed and reported as such.
 - `cached_job` keeps a job's exception as well as its results: a job that timed out is not
   launched again for each of its parametrized tests.
 """
@@ -29,6 +32,13 @@ import sys
 import tempfile
 import traceback
 
+# How long one case may run on a rank, the harness's step after it included, before the watchdog
+# dumps every thread's Python stack into the rank's log and ends the rank: well above the slowest
+# case's time on a 2-core machine, and below a job's timeout, so a hang is reported with its stacks
+# instead of as a job that was killed. `@case(budget=...)` sets another.
+CASE_BUDGET_S = 600
+
+
 class Cases:
     """The cases of one job: `@cases` or `@cases(min_world=2)` on a function taking the module's
     Context. A module may hold several (one per job it runs); a job runs the one named by the
@@ -37,9 +47,9 @@ class Cases:
     def __init__(self):
         self.all = {}
 
-    def __call__(self, fn=None, *, min_world=1):
+    def __call__(self, fn=None, *, min_world=1, budget=CASE_BUDGET_S):
         def register(f):
-            self.all[f.__name__] = (f, min_world)
+            self.all[f.__name__] = (f, min_world, budget)
             return f
 
         return register(fn) if fn is not None else register
@@ -139,13 +149,22 @@ def launch(script_args, world_size, env, out, hosts=1):
 
 
 def wait_all(procs, timeout):
-    """Exit codes of every process; kills whatever is left when the first wait times out."""
-    try:
-        return [p.wait(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    """Exit codes of every process within `timeout` seconds in all; what is left then is killed and
+    reads as None."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return codes
 
 
 _JOBS = {}
@@ -175,7 +194,7 @@ def run_job(module, world_size, timeout=900, env=None, hosts=1):
     codes = wait_all(procs, timeout)
     del store
     reports = [_read_report(out, rank) for rank in range(world_size)]
-    stopped = {rank: _why_stopped(module, world_size, out, rank, report["error"], codes)
+    stopped = {rank: _why_stopped(module, world_size, out, rank, report["error"], codes, timeout)
                for rank, report in enumerate(reports) if not report["finished"]}
     if not any(r["cases"] for r in reports) and stopped:
         raise RuntimeError("\n".join(stopped.values()))
@@ -187,6 +206,10 @@ def run_job(module, world_size, timeout=900, env=None, hosts=1):
             else:
                 results.setdefault(name, None)
     for rank, why in stopped.items():
+        # The case it stopped in, which no report names, fails with it too.
+        current = _current_case(_log_lines(out, rank))
+        if current and current not in reports[rank]["cases"]:
+            results.setdefault(current, None)
         for name in results:
             if name not in reports[rank]["cases"]:
                 results[name] = (results.get(name) or "") + why + "\n"
@@ -199,10 +222,32 @@ def run_job(module, world_size, timeout=900, env=None, hosts=1):
 _NOT_REACHED = "(not reached)"
 
 
-def _why_stopped(module, world_size, out, rank, error, codes):
-    cause = error or f"no Python error: it crashed or was killed; exit codes {codes}"
-    return (f"rank {rank} of {module} (world {world_size}) stopped early: {cause}\n"
-            f"the end of its log ({out}/rank{rank}.log):\n{_log_tail(out, rank)}")
+def _current_case(log):
+    """The case a rank's log says it started last (`_worker` prints "[rank N] case NAME")."""
+    prefix = "[rank "
+    for line in reversed(log):
+        if line.startswith(prefix) and "] case " in line:
+            return line.split("] case ", 1)[1].strip()
+    return None
+
+
+# What faulthandler.dump_traceback_later writes first when the watchdog fires.
+_WATCHDOG_MARK = "Timeout ("
+
+
+def _why_stopped(module, world_size, out, rank, error, codes, timeout):
+    log = _log_lines(out, rank)
+    fired = next((i for i, line in enumerate(log) if line.startswith(_WATCHDOG_MARK)), None)
+    where = f"rank {rank} of {module} (world {world_size})"
+    if fired is not None:
+        case = _current_case(log[:fired]) or "?"
+        return (f"{where}: case {case} ran past its budget; the watchdog's dump of every Python thread's stack "
+                f"({out}/rank{rank}.log):\n" + "\n".join(log[fired:fired + 120]))
+    if codes[rank] is None:
+        cause = f"it was still running at the job's timeout ({timeout} s) and was killed; exit codes {codes}"
+    else:
+        cause = error or f"no Python error: it crashed or was killed; exit codes {codes}"
+    return f"{where} stopped early: {cause}\nthe end of its log ({out}/rank{rank}.log):\n{_log_tail(out, rank)}"
 
 
 def _read_report(out, rank):
@@ -213,13 +258,17 @@ def _read_report(out, rank):
         return json.load(f)
 
 
-def _log_tail(out, rank, lines=40):
-    """The last lines of a rank's log, less UCX's warnings (a failed collective leaves many behind)."""
+def _log_lines(out, rank):
     try:
         with open(os.path.join(out, f"rank{rank}.log"), errors="replace") as f:
-            text = f.read().splitlines()
+            return f.read().splitlines()
     except OSError as e:
-        return f"(no log: {e})"
+        return [f"(no log: {e})"]
+
+
+def _log_tail(out, rank, lines=40):
+    """The last lines of a rank's log, less UCX's warnings (a failed collective leaves many behind)."""
+    text = _log_lines(out, rank)
     kept = [line for line in text if "UCX  WARN" not in line]
     left_out = len(text) - len(kept)
     return "\n".join(kept[-lines:]) + (f"\n({left_out} UCX warnings left out)" if left_out else "")
@@ -263,6 +312,7 @@ def _realign_group_names(steps):
 
 
 def _worker(module):
+    import faulthandler
     import importlib
 
     out, rank, world = os.environ["CNCCL_TEST_OUT"], int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -293,10 +343,11 @@ def _worker(module):
         mod = importlib.import_module(module)
         ctx = mod.Context(rank, world) if hasattr(mod, "Context") else None
         cases = getattr(mod, os.environ.get("CNCCL_TEST_CASES", "case"))
-        for name, (fn, min_world) in cases.all.items():
+        for name, (fn, min_world, budget) in cases.all.items():
             if world < min_world:
                 continue
             print(f"[rank {rank}] case {name}", file=sys.stderr, flush=True)
+            faulthandler.dump_traceback_later(budget, exit=True, file=sys.stderr)
             try:
                 fn(ctx)
                 failure = None
@@ -306,6 +357,7 @@ def _worker(module):
             save()
             failed = torch.tensor([failure is not None], dtype=torch.int32)
             dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=steps)
+            faulthandler.cancel_dump_traceback_later()
             if failed.item():
                 _realign_group_names(steps)
                 if ctx is not None:

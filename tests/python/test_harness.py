@@ -1,5 +1,6 @@
 """The job runner itself (harness.py): one case that fails part way must not fail the cases after it,
-and a rank that stops early must be reported with its cause, not as a job that "wrote no results".
+a rank that stops early must be reported with its cause, not as a job that "wrote no results", and a
+case that hangs must be reported within its budget with every rank's stack.
 
 Both were seen in CI: a disagreement case that failed on one rank before it created its second group
 left that rank one group behind, so every later group (torch names them by count) timed out and the
@@ -8,6 +9,7 @@ whole job died with four bare exit codes.
 
 import datetime
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -16,6 +18,7 @@ from harness import Cases, gloo_group, run_job
 
 case = Cases()
 crash = Cases()
+hang = Cases()
 
 
 class Context:
@@ -51,6 +54,31 @@ def rank_1_exits_mid_case(ctx):
         os._exit(3)
 
 
+HANG_BUDGET_S = 5
+
+
+def rank_0_sleeps_past_the_budget():
+    time.sleep(10 * HANG_BUDGET_S)
+
+
+def rank_1_waits_for_rank_0(ctx):
+    t = torch.ones(1)
+    dist.all_reduce(t, group=ctx.gloo)
+
+
+@hang
+def passes_before_the_hang(ctx):
+    pass
+
+
+@hang(budget=HANG_BUDGET_S)
+def hangs(ctx):
+    if ctx.rank == 0:
+        rank_0_sleeps_past_the_budget()
+    else:
+        rank_1_waits_for_rank_0(ctx)
+
+
 def test_a_failure_part_way_leaves_later_cases_working():
     results = run_job(__name__, 2, timeout=200)
     assert "deliberate failure before the group" in (results["fails_on_rank_1_before_creating_a_group"] or "")
@@ -64,3 +92,16 @@ def test_a_rank_that_stops_early_is_reported_with_its_log():
     failure = results["rank_1_exits_mid_case"] or ""
     assert "rank 1 of test_harness (world 2) stopped early" in failure, failure
     assert "exit codes [" in failure and "rank 1's last words" in failure, failure
+
+
+def test_a_hanging_case_is_reported_within_its_budget_with_every_ranks_stack():
+    start = time.monotonic()
+    results = run_job(__name__, 2, timeout=200, env={"CNCCL_TEST_CASES": "hang"})
+    elapsed = time.monotonic() - start
+    assert results["passes_before_the_hang"] is None, results["passes_before_the_hang"]
+    failure = results["hangs"] or ""
+    # The budget, the ranks' start (importing torch, two groups) and the dump, with room for a slow machine.
+    assert elapsed < HANG_BUDGET_S + 60, f"reported after {elapsed:.0f} s"
+    for rank, where in ((0, "rank_0_sleeps_past_the_budget"), (1, "rank_1_waits_for_rank_0")):
+        assert f"rank {rank} of test_harness (world 2): case hangs ran past its budget" in failure, failure
+        assert where in failure, failure
