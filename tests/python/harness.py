@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 
 # How long one case may run on a rank, the harness's step after it included, before the watchdog
@@ -151,8 +152,6 @@ def launch(script_args, world_size, env, out, hosts=1):
 def wait_all(procs, timeout):
     """Exit codes of every process within `timeout` seconds in all; what is left then is killed and
     reads as None."""
-    import time
-
     deadline = time.monotonic() + timeout
     codes = []
     for p in procs:
@@ -194,8 +193,9 @@ def run_job(module, world_size, timeout=900, env=None, hosts=1):
     codes = wait_all(procs, timeout)
     del store
     reports = [_read_report(out, rank) for rank in range(world_size)]
-    stopped = {rank: _why_stopped(module, world_size, out, rank, report["error"], codes, timeout)
-               for rank, report in enumerate(reports) if not report["finished"]}
+    logs = {rank: _log_lines(out, rank) for rank, report in enumerate(reports) if not report["finished"]}
+    stopped = {rank: _why_stopped(module, world_size, out, rank, log, reports[rank]["error"], codes, timeout)
+               for rank, log in logs.items()}
     if not any(r["cases"] for r in reports) and stopped:
         raise RuntimeError("\n".join(stopped.values()))
     results = {}
@@ -207,7 +207,7 @@ def run_job(module, world_size, timeout=900, env=None, hosts=1):
                 results.setdefault(name, None)
     for rank, why in stopped.items():
         # The case it stopped in, which no report names, fails with it too.
-        current = _current_case(_log_lines(out, rank))
+        current = _current_case(logs[rank])
         if current and current not in reports[rank]["cases"]:
             results.setdefault(current, None)
         for name in results:
@@ -224,9 +224,8 @@ _NOT_REACHED = "(not reached)"
 
 def _current_case(log):
     """The case a rank's log says it started last (`_worker` prints "[rank N] case NAME")."""
-    prefix = "[rank "
     for line in reversed(log):
-        if line.startswith(prefix) and "] case " in line:
+        if line.startswith("[rank ") and "] case " in line:
             return line.split("] case ", 1)[1].strip()
     return None
 
@@ -235,8 +234,7 @@ def _current_case(log):
 _WATCHDOG_MARK = "Timeout ("
 
 
-def _why_stopped(module, world_size, out, rank, error, codes, timeout):
-    log = _log_lines(out, rank)
+def _why_stopped(module, world_size, out, rank, log, error, codes, timeout):
     fired = next((i for i, line in enumerate(log) if line.startswith(_WATCHDOG_MARK)), None)
     where = f"rank {rank} of {module} (world {world_size})"
     if fired is not None:
@@ -247,7 +245,7 @@ def _why_stopped(module, world_size, out, rank, error, codes, timeout):
         cause = f"it was still running at the job's timeout ({timeout} s) and was killed; exit codes {codes}"
     else:
         cause = error or f"no Python error: it crashed or was killed; exit codes {codes}"
-    return f"{where} stopped early: {cause}\nthe end of its log ({out}/rank{rank}.log):\n{_log_tail(out, rank)}"
+    return f"{where} stopped early: {cause}\nthe end of its log ({out}/rank{rank}.log):\n{_log_tail(log)}"
 
 
 def _read_report(out, rank):
@@ -266,9 +264,8 @@ def _log_lines(out, rank):
         return [f"(no log: {e})"]
 
 
-def _log_tail(out, rank, lines=40):
+def _log_tail(text, lines=40):
     """The last lines of a rank's log, less UCX's warnings (a failed collective leaves many behind)."""
-    text = _log_lines(out, rank)
     kept = [line for line in text if "UCX  WARN" not in line]
     left_out = len(text) - len(kept)
     return "\n".join(kept[-lines:]) + (f"\n({left_out} UCX warnings left out)" if left_out else "")
