@@ -1,9 +1,16 @@
-"""Runs many cases inside one multi-process job, so a test module starts its ranks once.
+"""Runs many cases inside one multi-process job, so ranks are started once for many cases.
 
 A test module holds its cases and its pytest functions together (tests/README.md): `case = Cases()`,
 then `@case` on each case; `run_job(module, world_size)` launches the ranks (gloo and cnccl groups
 over one TCPStore), imports the module in each, runs its cases on every rank, and returns
 {case name: failure text or None}. A case fails if it fails on any rank.
+
+Starting ranks (importing torch on 2-4 processes of a 2-core machine) is most of what a job costs, so
+the modules whose jobs differ only by CPU engine and world size share them: `share(__name__,
+engines, world_sizes)` at a module's top, then `shared_job(__name__, world_size, engine)` in its
+tests. The first test that asks launches one job for that (engine, world size) which runs, module by
+module, the cases of every shared module that pytest selected for it; each module builds its own
+Context, and the groups a module created are destroyed before the next one starts.
 
 What keeps one job's outcome from depending on anything but its cases:
 - The store's server lives in the launching process on a port the kernel picked (port 0), so no
@@ -21,6 +28,8 @@ What keeps one job's outcome from depending on anything but its cases:
   rank it fired on. A rank still running at the job's timeout is killed and reported as such.
 - `cached_job` keeps a job's exception as well as its results: a job that timed out is not
   launched again for each of its parametrized tests.
+- In a shared job a module whose Context fails on some rank fails its own cases with that error;
+  the ranks realign and go on with the next module.
 """
 
 import datetime
@@ -128,6 +137,27 @@ def separate_hosts_unavailable():
     return None
 
 
+_SESSION_DIRS = {}
+
+
+def _session_dir(what):
+    """Folders every job of this pytest run shares: "inductor", torch.compile's cache (each rank of
+    each job compiling the same graphs again cost seconds per job); "report", where ranks write
+    what they measured (CNCCL_TEST_REPORT_DIR, kept when the caller sets it; its .jsonl files are
+    written afresh each run); "shared", results that no CPU engine changes (references computed on
+    gloo alone), computed by the first job that needs them and read by the others."""
+    if what not in _SESSION_DIRS:
+        given = os.environ.get({"inductor": "TORCHINDUCTOR_CACHE_DIR", "report": "CNCCL_TEST_REPORT_DIR"}.get(what, ""))
+        path = given or tempfile.mkdtemp(prefix=f"cnccl-{what}-")
+        os.makedirs(path, exist_ok=True)
+        if what == "report":
+            for name in os.listdir(path):
+                if name.endswith(".jsonl"):
+                    os.remove(os.path.join(path, name))
+        _SESSION_DIRS[what] = path
+    return _SESSION_DIRS[what]
+
+
 def launch(script_args, world_size, env, out, hosts=1):
     """Starts the ranks of `python script_args...` against a store this process holds; returns
     (store, processes). Keep the store alive until the ranks have exited. With `hosts` > 1 the ranks
@@ -137,7 +167,9 @@ def launch(script_args, world_size, env, out, hosts=1):
     here = os.path.dirname(os.path.abspath(__file__))
     argv = [sys.executable, *script_args]
     envs = [clean_env(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(store.port), CNCCL_TEST_OUT=out, OMP_NUM_THREADS="1", **(env or {}))
+                      MASTER_PORT=str(store.port), CNCCL_TEST_OUT=out, OMP_NUM_THREADS="1",
+                      TORCHINDUCTOR_CACHE_DIR=_session_dir("inductor"), CNCCL_TEST_REPORT_DIR=_session_dir("report"),
+                      CNCCL_TEST_SHARED_DIR=_session_dir("shared"), **(env or {}))
             for rank in range(world_size)]
     if hosts == 1:
         return store, [subprocess.Popen(argv, env=e, cwd=here) for e in envs]
@@ -168,10 +200,16 @@ def wait_all(procs, timeout):
 
 _JOBS = {}
 
+# Every case's wall time (the slowest rank's), summed over the jobs that ran it, "module::case" ->
+# seconds, and each job's launch: what conftest.py prints at the end of the session.
+CASE_TIMES = {}
+LAUNCHES = []
+
 
 def cached_job(module, world_size, **kwargs):
-    """run_job once per (module, world_size, env, hosts); later calls return its results or raise its error."""
-    key = (module, world_size, tuple(sorted((kwargs.get("env") or {}).items())), kwargs.get("hosts", 1))
+    """run_job once per (modules, world_size, env, hosts); later calls return its results or raise its error."""
+    modules = module if isinstance(module, str) else tuple(module)
+    key = (modules, world_size, tuple(sorted((kwargs.get("env") or {}).items())), kwargs.get("hosts", 1))
     if key not in _JOBS:
         try:
             _JOBS[key] = (run_job(module, world_size, **kwargs), None)
@@ -183,18 +221,58 @@ def cached_job(module, world_size, **kwargs):
     return results
 
 
+# The modules that share jobs: module -> (engines, world sizes, its part of a job's timeout).
+_SHARED = {}
+# The (module, engine, world size) of the tests pytest selected (conftest.py), or None: all.
+_SELECTED = None
+
+
+def share(module, engines, world_sizes, timeout=900):
+    """Declares that `module`'s cases run in the shared job of each of these (engine, world size)."""
+    _SHARED[module] = (tuple(engines), tuple(world_sizes), timeout)
+
+
+def select(items):
+    """Narrows the shared jobs to what pytest will run: each collected test's module, with its
+    `engine` and `world_size` parameters where it has them (else every one its module declared)."""
+    global _SELECTED
+    _SELECTED = set()
+    for module, params in items:
+        if module in _SHARED:
+            engines, sizes, _ = _SHARED[module]
+            for engine in [params["engine"]] if "engine" in params else engines:
+                for size in [params["world_size"]] if "world_size" in params else sizes:
+                    _SELECTED.add((module, engine, size))
+
+
+def shared_job(module, world_size, engine):
+    """`module`'s results from the one job that runs, at this world size on this CPU engine, the
+    cases of every shared module selected for it."""
+    modules = [m for m, (engines, sizes, _) in sorted(_SHARED.items())
+               if engine in engines and world_size in sizes and (_SELECTED is None or (m, engine, world_size) in _SELECTED)]
+    if module not in modules:  # asked for outside pytest's selection
+        modules = sorted(modules + [module])
+    timeout = sum(_SHARED[m][2] if m in _SHARED else 900 for m in modules)
+    return cached_job(modules, world_size, env=engine_env(engine), timeout=timeout)[module]
+
+
 def run_job(module, world_size, timeout=900, env=None, hosts=1):
     """Starts `world_size` ranks of `python -m harness module` (on `hosts` simulated hosts, as
     `launch`) and returns the merged results. A rank that stopped early (an error outside its cases,
     a crash, the job's timeout) fails every case it did not finish, with what stopped it and the end
-    of its log; a job in which no rank ran any case raises that instead."""
+    of its log; a job in which no rank ran any case raises that instead. `module` may be a list of
+    modules run one after another: the results are then {module: {case: failure}}."""
+    modules = [module] if isinstance(module, str) else list(module)
+    what = ",".join(modules)
     out = tempfile.mkdtemp(prefix="cnccl-test-")
-    store, procs = launch([os.path.abspath(__file__), module], world_size, env, out, hosts)
+    start = time.monotonic()
+    store, procs = launch([os.path.abspath(__file__), what], world_size, env, out, hosts)
     codes = wait_all(procs, timeout)
     del store
+    LAUNCHES.append((what, world_size, env or {}, time.monotonic() - start))
     reports = [_read_report(out, rank) for rank in range(world_size)]
     logs = {rank: _log_lines(out, rank) for rank, report in enumerate(reports) if not report["finished"]}
-    stopped = {rank: _why_stopped(module, world_size, out, rank, log, reports[rank]["error"], codes, timeout)
+    stopped = {rank: _why_stopped(what, world_size, out, rank, log, reports[rank]["error"], codes, timeout)
                for rank, log in logs.items()}
     if not any(r["cases"] for r in reports) and stopped:
         raise RuntimeError("\n".join(stopped.values()))
@@ -205,6 +283,8 @@ def run_job(module, world_size, timeout=900, env=None, hosts=1):
                 results[name] = (results.get(name) or "") + f"[rank {rank}] {failure}\n"
             else:
                 results.setdefault(name, None)
+    for name in {name for report in reports for name in report.get("times", {})}:
+        CASE_TIMES[name] = CASE_TIMES.get(name, 0.0) + max(r.get("times", {}).get(name, 0.0) for r in reports)
     for rank, why in stopped.items():
         # The case it stopped in, which no report names, fails with it too.
         current = _current_case(logs[rank])
@@ -213,9 +293,14 @@ def run_job(module, world_size, timeout=900, env=None, hosts=1):
         for name in results:
             if name not in reports[rank]["cases"]:
                 results[name] = (results.get(name) or "") + why + "\n"
+    by_module = {m: {} for m in modules}
+    for qualified, failure in results.items():
+        m, name = qualified.split("::", 1)
+        by_module[m][name] = failure
     if stopped:
-        results[_NOT_REACHED] = "\n".join(stopped.values())
-    return results
+        for m in modules:
+            by_module[m][_NOT_REACHED] = "\n".join(stopped.values())
+    return by_module[module] if isinstance(module, str) else by_module
 
 
 # The results' entry for the cases no rank reached: why the job stopped before them.
@@ -223,7 +308,7 @@ _NOT_REACHED = "(not reached)"
 
 
 def _current_case(log):
-    """The case a rank's log says it started last (`_worker` prints "[rank N] case NAME")."""
+    """The case a rank's log says it started last (`_worker` prints "[rank N] case MODULE::NAME")."""
     for line in reversed(log):
         if line.startswith("[rank ") and "] case " in line:
             return line.split("] case ", 1)[1].strip()
@@ -238,7 +323,7 @@ def _why_stopped(module, world_size, out, rank, log, error, codes, timeout):
     fired = next((i for i, line in enumerate(log) if line.startswith(_WATCHDOG_MARK)), None)
     where = f"rank {rank} of {module} (world {world_size})"
     if fired is not None:
-        case = _current_case(log[:fired]) or "?"
+        case = (_current_case(log[:fired]) or "?").split("::", 1)[-1]
         return (f"{where}: case {case} ran past its budget; the watchdog's dump of every Python thread's stack "
                 f"({out}/rank{rank}.log):\n" + "\n".join(log[fired:fired + 120]))
     if codes[rank] is None:
@@ -251,7 +336,7 @@ def _why_stopped(module, world_size, out, rank, log, error, codes, timeout):
 def _read_report(out, rank):
     path = os.path.join(out, f"rank{rank}.json")
     if not os.path.exists(path):
-        return {"cases": {}, "finished": False, "error": None}
+        return {"cases": {}, "times": {}, "finished": False, "error": None}
     with open(path) as f:
         return json.load(f)
 
@@ -276,6 +361,13 @@ def _log_tail(text, lines=40):
 # over UCX alone, or the composed path over torch's gloo. The collective, compression, parity,
 # reliability and observability suites run each of their jobs on all three.
 CPU_ENGINES = ["shm", "ucx", "gloo"]
+
+
+def engine_of(env=os.environ):
+    """The CPU engine a rank runs on, from its environment (engine_env's inverse)."""
+    if env.get("CNCCL_CPU_ENGINE") == "gloo":
+        return "gloo"
+    return "shm" if env.get("CNCCL_SHM") == "on" else "ucx"
 
 
 def engine_env(engine):
@@ -308,7 +400,7 @@ def _realign_group_names(steps):
     distributed_c10d._world.group_count = int(count.item())
 
 
-def _worker(module):
+def _worker(modules):
     import faulthandler
     import importlib
 
@@ -318,7 +410,7 @@ def _worker(module):
     log = os.open(os.path.join(out, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    report = {"cases": {}, "finished": False, "error": None}
+    report = {"cases": {}, "times": {}, "finished": False, "error": None}
 
     def save():
         # Rewritten after every case, so a rank that dies later still reports what it finished.
@@ -330,6 +422,7 @@ def _worker(module):
     try:
         import torch
         import torch.distributed as dist
+        from torch.distributed import distributed_c10d
 
         import cnccl  # noqa: F401
 
@@ -337,28 +430,64 @@ def _worker(module):
         # The harness's own group, which keeps ranks in step between cases: it outwaits the ranks that
         # are still failing their case's collectives one timeout at a time.
         steps = dist.new_group(backend="gloo", timeout=10 * CASE_TIMEOUT)
-        mod = importlib.import_module(module)
-        ctx = mod.Context(rank, world) if hasattr(mod, "Context") else None
-        cases = getattr(mod, os.environ.get("CNCCL_TEST_CASES", "case"))
-        for name, (fn, min_world, budget) in cases.all.items():
-            if world < min_world:
-                continue
-            print(f"[rank {rank}] case {name}", file=sys.stderr, flush=True)
+
+        def step(label, fn, budget, is_case=True):
+            """Runs fn on every rank under the watchdog; returns (its value, this rank's failure text,
+            whether it failed on any rank). A case's outcome is saved before the ranks compare."""
+            print(f"[rank {rank}] case {label}", file=sys.stderr, flush=True)
             faulthandler.dump_traceback_later(budget, exit=True, file=sys.stderr)
+            started = time.monotonic()
+            value, failure = None, None
             try:
-                fn(ctx)
-                failure = None
+                value = fn()
             except Exception:  # noqa: BLE001 - every failure is reported, then the next case runs
                 failure = traceback.format_exc(limit=6)
-            report["cases"][name] = failure
-            save()
+            report["times"][label] = round(time.monotonic() - started, 3)
+            if is_case:
+                report["cases"][label] = failure
+                save()
             failed = torch.tensor([failure is not None], dtype=torch.int32)
             dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=steps)
             faulthandler.cancel_dump_traceback_later()
             if failed.item():
                 _realign_group_names(steps)
-                if ctx is not None:
-                    ctx = mod.Context(rank, world)
+            return value, failure, bool(failed.item())
+
+        for module in modules.split(","):
+            mod = importlib.import_module(module)
+            cases = getattr(mod, os.environ.get("CNCCL_TEST_CASES", "case"))
+            earlier_groups = set(distributed_c10d._world.pg_map)
+
+            def context():
+                if not hasattr(mod, "Context"):
+                    return None, None
+                ctx, failure, failed = step(f"{module}::(context)", lambda: mod.Context(rank, world), CASE_BUDGET_S,
+                                            is_case=False)
+                return ctx, (f"{module}'s Context failed " +
+                             (f"on this rank:\n{failure}" if failure else "on another rank")) if failed else None
+
+            ctx, broken = context()
+            for name, (fn, min_world, budget) in cases.all.items():
+                if world < min_world:
+                    continue
+                if broken:
+                    report["cases"][f"{module}::{name}"] = broken
+                    continue
+                _, _, failed = step(f"{module}::{name}", lambda: fn(ctx), budget)
+                if failed:
+                    ctx, broken = context()
+            save()
+            # What this module's cases left behind (UCX workers, segments, gloo pairs) is not the next one's.
+            ctx = None
+
+            def destroy_groups():
+                for group in [g for g in list(distributed_c10d._world.pg_map) if g not in earlier_groups]:
+                    try:
+                        dist.destroy_process_group(group)
+                    except Exception as e:  # noqa: BLE001 - a group a case left broken may refuse
+                        print(f"[rank {rank}] destroying a group of {module}: {e}", file=sys.stderr, flush=True)
+
+            step(f"{module}::(teardown)", destroy_groups, CASE_BUDGET_S, is_case=False)
     except BaseException:
         report["error"] = traceback.format_exc(limit=8)
         save()

@@ -8,14 +8,13 @@ bits. At two ranks the allreduce equals the wire path's; at four the wire path's
 further from the exact sum. With rounding=sr every rounding is stochastic, with Philox bits computed
 here in numpy (wire_formats.py)."""
 
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import cnccl
-from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, cached_job, check_case, engine_env, everyones, gloo_group
+from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, check_case, engine_of, everyones, gloo_group, share, shared_job
 from wire_formats import (ANY_OWNER, CONTRIBUTION, RESULT, mixed_magnitudes, random_bits, rank_order_sum,
                           stochastic_round)
 
@@ -27,13 +26,14 @@ SIZES = [1, 5_040, 100_003, 1_000_003]
 SEED = 0x5EED_0000_0000_0001  # both key words in use
 
 case = Cases()
+WORLD_SIZES = [2, 3, 4]
+share(__name__, CPU_ENGINES, WORLD_SIZES)
 
 
 class Context:
     def __init__(self, rank, world):
         self.rank, self.world = rank, world
-        engine = os.environ.get("CNCCL_CPU_ENGINE")
-        self.engine = "gloo" if engine == "gloo" else "shm" if os.environ.get("CNCCL_SHM") == "on" else "ucx"
+        self.engine = engine_of()
         self.gloo = gloo_group()
 
         def group(wire, accumulate):
@@ -246,7 +246,7 @@ def stochastic_rounding_reproduces_and_each_reduction_draws_anew(ctx):
 
 
 @pytest.mark.parametrize("engine", CPU_ENGINES)
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", case.names())
 def test_accumulate(name, world_size, engine):
-    check_case(cached_job(__name__, world_size, env=engine_env(engine)), name, world_size, case)
+    check_case(shared_job(__name__, world_size, engine), name, world_size, case)

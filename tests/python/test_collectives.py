@@ -1,6 +1,6 @@
 """Every other c10d collective on cnccl (allgather, broadcast, reduce, gather, scatter, all_to_all,
 point-to-point, coalesced forms, subgroups) and the Work contract and argument errors, against gloo,
-world sizes 1 to 4, on each CPU engine (one job each)."""
+world sizes 1 to 4, on each CPU engine (in the shared jobs, harness.share)."""
 
 import datetime
 import os
@@ -14,9 +14,11 @@ import cnccl
 from collective_oracles import (  # noqa: F401 - Context: the groups this job's cases use (harness.py)
     Context, R, TIMEOUT, assert_on_wire, reference, scaled_sum_bound,
 )
-from harness import CPU_ENGINES, Cases, cached_job, check_case, engine_env
+from harness import CPU_ENGINES, Cases, check_case, share, shared_job
 
 case = Cases()
+WORLD_SIZES = [1, 2, 3, 4]
+share(__name__, CPU_ENGINES, WORLD_SIZES)
 
 
 @case
@@ -398,11 +400,9 @@ def group_timeout_and_seq(ctx):
     assert not pg.supports_splitting
 
 
-WORLD_SIZES = [1, 2, 3, 4]
-
 
 @pytest.mark.parametrize("engine", CPU_ENGINES)
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", case.names())
 def test_collective(name, world_size, engine):
-    check_case(cached_job(__name__, world_size, env=engine_env(engine)), name, world_size, case)
+    check_case(shared_job(__name__, world_size, engine), name, world_size, case)

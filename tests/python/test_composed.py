@@ -17,9 +17,12 @@ import torch
 import torch.distributed as dist
 
 import cnccl
-from harness import CASE_TIMEOUT, Cases, cached_job, check_case, everyones, gloo_group
+from harness import CASE_TIMEOUT, Cases, check_case, everyones, gloo_group, share, shared_job
 
 case = Cases()
+WORLD_SIZES = [2, 3, 4]
+# Its groups choose gloo themselves: it runs in the jobs whose default group is on gloo too.
+share(__name__, ["gloo"], WORLD_SIZES)
 
 R = dist.ReduceOp
 WIRES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -200,7 +203,7 @@ def config_and_stats_report_the_gloo_engine(ctx):
     assert after["bytes_sent"] - before["bytes_sent"] == 2000, "the 16-bit bytes handed to gloo"
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", case.names())
 def test_composed(name, world_size):
-    check_case(cached_job(__name__, world_size), name, world_size, case)
+    check_case(shared_job(__name__, world_size, "gloo"), name, world_size, case)

@@ -85,6 +85,22 @@ def test_a_failure_part_way_leaves_later_cases_working():
     assert results["later_cases_get_working_groups"] is None, results["later_cases_get_working_groups"]
 
 
+def test_a_shared_job_isolates_each_module():
+    """Modules run one after another in one job (harness.share): a case that fails part way and a
+    Context that fails on one rank fail only their own module's cases; the next module gets a working
+    Context and groups, and the earlier modules' groups are gone."""
+    modules = [__name__, "harness_probe_broken", "harness_probe_after"]
+    results = run_job(modules, 2, timeout=300)
+    ours = results[__name__]
+    assert "deliberate failure before the group" in (ours["fails_on_rank_1_before_creating_a_group"] or "")
+    assert ours["later_cases_get_working_groups"] is None, ours["later_cases_get_working_groups"]
+    broken = results["harness_probe_broken"]["needs_the_context"] or ""
+    assert "harness_probe_broken's Context failed on this rank" in broken, broken
+    assert "deliberate failure in the Context" in broken and "failed on another rank" in broken, broken
+    after = results["harness_probe_after"]
+    assert after == {"earlier_modules_left_no_groups": None, "its_groups_work": None}, after
+
+
 def test_a_rank_that_stops_early_is_reported_with_its_log():
     # Rank 0 waits for rank 1 in the harness's step group; with rank 1 gone it fails at once.
     results = run_job(__name__, 2, timeout=200, env={"CNCCL_TEST_CASES": "crash"})

@@ -12,9 +12,10 @@ import torch
 import torch.distributed as dist
 
 import cnccl
-from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, cached_job, check_case, engine_env
+from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, cached_job, check_case, engine_env, share, shared_job
 
 case = Cases()
+share(__name__, CPU_ENGINES, [2])
 
 
 class Context:
@@ -60,7 +61,7 @@ def no_range_is_recorded_without_a_profiler(ctx):
 @pytest.mark.parametrize("engine", CPU_ENGINES)
 @pytest.mark.parametrize("name", case.names())
 def test_observability(name, engine):
-    check_case(cached_job(__name__, 2, env=engine_env(engine)), name, 2, case)
+    check_case(shared_job(__name__, 2, engine), name, 2, case)
 
 
 # Under TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps every group's backend (cnccl's too) in its

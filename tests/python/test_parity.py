@@ -13,13 +13,14 @@ from the rounding (see compare). Why the math is the same, or not:
 So at world size 2: bf16 vs `bf16_compress_hook` and fp16 vs a hook that divides before the cast
 are bit for bit, every step; fp16 vs `fp16_compress_hook` and everything at world size 4 are held
 to first_step_bound on the first step, and the trajectories to the accuracy case.
-World sizes 2 and 4, on each CPU engine. Rank 0 of each job appends what it measured (maximum\ndifferences, accuracy distances) to $CNCCL_TEST_REPORT, one JSON object a line; set\nCNCCL_PARITY_REPORT_DIR to keep them (parity-ucx-ws2.jsonl, ...).
+World sizes 2 and 4, on each CPU engine. Rank 0 of each job appends what it measured (maximum
+differences, accuracy distances) to parity-<engine>-ws<world>.jsonl in the harness's report folder,
+one JSON object a line; set CNCCL_TEST_REPORT_DIR to keep them.
 """
 
 import copy
 import json
 import os
-import tempfile
 
 import pytest
 import torch
@@ -29,11 +30,13 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cnccl
-from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, cached_job, check_case, engine_env, gloo_group
+from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, check_case, engine_of, gloo_group, share, shared_job
 from wire_formats import HALF_SUBNORMAL_STEP, UNIT
 from models import MLP, Block, train
 
 case = Cases()
+WORLD_SIZES = [2, 4]
+share(__name__, CPU_ENGINES, WORLD_SIZES)
 
 SEED_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 STEPS = 5
@@ -63,8 +66,8 @@ class Context:
         }
 
     def report(self, **entry):
-        path = os.environ.get("CNCCL_TEST_REPORT")
-        if path and self.rank == 0:
+        if self.rank == 0:
+            path = os.path.join(os.environ["CNCCL_TEST_REPORT_DIR"], f"parity-{engine_of()}-ws{self.world}.jsonl")
             with open(path, "a") as f:
                 f.write(json.dumps(dict(world=self.world, **entry)) + "\n")
 
@@ -133,6 +136,22 @@ def compare(ctx, what, ref, ours, bitwise, wire="fp16", magnitude=None):
     ctx.report(case=what, bitwise=bitwise, max_grad_diff=grad_diff, max_param_diff=max_diff(ref_params, our_params))
 
 
+def reference(ctx, key, run):
+    """`run()`'s result for a training on gloo alone: no CPU engine changes it (same seeds, same
+    gloo, the same bytes), so the first job of this world size runs it and saves each rank's result
+    in the harness's shared folder, and the other engines' jobs load it. The ranks agree first on
+    whether every one has it."""
+    path = os.path.join(os.environ["CNCCL_TEST_SHARED_DIR"], f"parity-ws{ctx.world}-rank{ctx.rank}-{key}.pt")
+    have = torch.tensor([os.path.exists(path)], dtype=torch.int32)
+    dist.all_reduce(have, op=dist.ReduceOp.MIN, group=ctx.gloo)
+    if have.item():
+        return torch.load(path)
+    result = run()
+    torch.save(result, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return result
+
+
 def run_ddp(ctx, net, group, hook=None, compile_model=False, micro_batches=1, steps=STEPS, **ddp_args):
     model = DDP(copy.deepcopy(net), process_group=group, **ddp_args)
     if hook is not None:
@@ -169,12 +188,14 @@ def ddp_parity(ctx, model_name):
         magnitude = local_gradient_magnitude(ctx, net, args.get("micro_batches", 1))
         for wire in ("fp16", "bf16"):
             what = f"ddp {model_name} {variant} {wire}"
-            ref = run_ddp(ctx, net, ctx.gloo, hook=(ctx.gloo, SEED_HOOKS[wire]), **args)
+            ref = reference(ctx, f"ddp-{model_name}-{variant}-{wire}-hook",
+                            lambda: run_ddp(ctx, net, ctx.gloo, hook=(ctx.gloo, SEED_HOOKS[wire]), **args))
             ours = run_ddp(ctx, net, ctx.groups[wire], **args)
             compare(ctx, f"{what} vs {wire}_compress_hook", ref, ours, ctx.world == 2 and wire == "bf16", wire,
                     magnitude)
             if wire == "fp16" and ctx.world == 2:
-                ref = run_ddp(ctx, net, ctx.gloo, hook=(ctx.gloo, divide_first_fp16_hook), **args)
+                ref = reference(ctx, f"ddp-{model_name}-{variant}-divide-first",
+                                lambda: run_ddp(ctx, net, ctx.gloo, hook=(ctx.gloo, divide_first_fp16_hook), **args))
                 compare(ctx, f"{what} vs divide-first fp16 hook", ref, ours, bitwise=True)
 
 
@@ -205,12 +226,14 @@ def powersgd_on_cnccl_no_further_from_fp32_powersgd_than_the_wrapped_hook(ctx):
 
     net = model_for("mlp", "default")
     g = ctx.groups["fp16"]
-    exact = run_ddp(ctx, net, ctx.gloo, hook=hook(ctx.gloo, powersgd.powerSGD_hook), steps=steps)
-    wrapped = run_ddp(ctx, net, ctx.gloo, steps=steps,
-                      hook=hook(ctx.gloo, default_hooks.fp16_compress_wrapper(powersgd.powerSGD_hook)))
+    exact = reference(ctx, "powersgd-fp32",
+                      lambda: run_ddp(ctx, net, ctx.gloo, hook=hook(ctx.gloo, powersgd.powerSGD_hook), steps=steps))
+    wrapped = reference(ctx, "powersgd-fp16-wrapper", lambda: run_ddp(
+        ctx, net, ctx.gloo, steps=steps, hook=hook(ctx.gloo, default_hooks.fp16_compress_wrapper(powersgd.powerSGD_hook))))
     ours = run_ddp(ctx, net, g, hook=hook(g, powersgd.powerSGD_hook), steps=steps)
     if ctx.world == 2:
-        plain_grads, _ = run_ddp(ctx, net, ctx.gloo, hook=(ctx.gloo, divide_first_fp16_hook), steps=start)
+        plain_grads, _ = reference(ctx, "powersgd-divide-first", lambda: run_ddp(
+            ctx, net, ctx.gloo, hook=(ctx.gloo, divide_first_fp16_hook), steps=start))
         for step in range(start):
             for i, (a, b) in enumerate(zip(plain_grads[step], ours[0][step])):
                 assert (a is None and b is None) or torch.equal(a, b), f"step {step} grad {i}: {max_diff([a], [b])}"
@@ -226,9 +249,10 @@ def accuracy_no_worse_than_the_seed_hook(ctx):
     steps = 30
     for model_name in ("mlp", "block"):
         net = model_for(model_name, "default")
-        _, exact = run_ddp(ctx, net, ctx.gloo, steps=steps)
+        _, exact = reference(ctx, f"accuracy-{model_name}-fp32", lambda: run_ddp(ctx, net, ctx.gloo, steps=steps))
         for wire in ("fp16", "bf16"):
-            _, hooked = run_ddp(ctx, net, ctx.gloo, hook=(ctx.gloo, SEED_HOOKS[wire]), steps=steps)
+            _, hooked = reference(ctx, f"accuracy-{model_name}-{wire}-hook",
+                                  lambda: run_ddp(ctx, net, ctx.gloo, hook=(ctx.gloo, SEED_HOOKS[wire]), steps=steps))
             _, ours = run_ddp(ctx, net, ctx.groups[wire], steps=steps)
             dist_hook, dist_ours = relative_distance(hooked, exact), relative_distance(ours, exact)
             ctx.report(case=f"accuracy {model_name} {wire} after {steps} steps", relative_l2_hook=dist_hook,
@@ -288,25 +312,8 @@ def fsdp2_reduce_scatter_compressed_and_matches_gloo_within_16bit_bound(ctx):
                max_param_diff=param_diff)
 
 
-WORLD_SIZES = [2, 4]
-
-
-@pytest.fixture(scope="module")
-def report_dir():
-    """Where the jobs' reports go, emptied first: the jobs append."""
-    path = os.environ.get("CNCCL_PARITY_REPORT_DIR") or tempfile.mkdtemp(prefix="cnccl-parity-")
-    os.makedirs(path, exist_ok=True)
-    for engine in CPU_ENGINES:
-        for world_size in WORLD_SIZES:
-            if os.path.exists(os.path.join(path, f"parity-{engine}-ws{world_size}.jsonl")):
-                os.remove(os.path.join(path, f"parity-{engine}-ws{world_size}.jsonl"))
-    return path
-
-
 @pytest.mark.parametrize("engine", CPU_ENGINES)
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", case.names())
-def test_parity(name, world_size, engine, report_dir):
-    report = os.path.join(report_dir, f"parity-{engine}-ws{world_size}.jsonl")
-    env = {"CNCCL_TEST_REPORT": report, **engine_env(engine)}
-    check_case(cached_job(__name__, world_size, env=env), name, world_size, case)
+def test_parity(name, world_size, engine):
+    check_case(shared_job(__name__, world_size, engine), name, world_size, case)

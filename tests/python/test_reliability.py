@@ -1,4 +1,5 @@
-"""Ranks that disagree, ranks that never arrive, abort and shutdown, on each CPU engine (one job per world\nsize and engine).
+"""Ranks that disagree, ranks that never arrive, abort and shutdown, on each CPU engine (in the shared
+jobs, harness.share).
 
 Each case makes its own groups: a group that failed is unusable afterwards, by design.
 """
@@ -12,9 +13,11 @@ import torch
 import torch.distributed as dist
 
 import cnccl
-from harness import CPU_ENGINES, Cases, cached_job, check_case, engine_env, gloo_group
+from harness import CPU_ENGINES, Cases, check_case, gloo_group, share, shared_job
 
 case = Cases()
+WORLD_SIZES = [2, 4]
+share(__name__, CPU_ENGINES, WORLD_SIZES, timeout=600)
 
 R = dist.ReduceOp
 
@@ -133,12 +136,14 @@ def rank_that_never_arrives_times_out_naming_the_collective(ctx):
     # Both groups exist before rank 0 starts waiting: with cpu_engine=gloo, creating a group waits
     # for every rank (up to the group's timeout), as gloo itself does.
     groups = [ctx.group(timeout=timeout) for _ in range(2)]
-    for n, g in zip((10, 1 << 20), groups):  # direct and ring algorithms
-        if ctx.rank == 0:
+    if ctx.rank == 0:
+        # Both in flight at once (direct and ring algorithms), so the case waits out one timeout.
+        calls = []
+        for n, g in zip((10, 1 << 20), groups):
             t = torch.full((n,), 5.0)
-            start = time.monotonic()
-            msg = expect_failure(lambda: dist.all_reduce(t, group=g), "allreduce", "seq", "timed out", "group '",
-                                 "[peer rank ", "not modified")
+            calls.append((n, g, t, time.monotonic(), dist.all_reduce(t, group=g, async_op=True)))
+        for n, g, t, start, work in calls:
+            msg = expect_failure(work.wait, "allreduce", "seq", "timed out", "group '", "[peer rank ", "not modified")
             elapsed = time.monotonic() - start
             peer = int(re.search(r"\[peer rank (\d+)\]", msg).group(1))
             assert 0 < peer < ctx.world, msg
@@ -196,7 +201,7 @@ def shutdown_then_use_is_a_clear_error(ctx):
 
 
 @pytest.mark.parametrize("engine", CPU_ENGINES)
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", case.names())
 def test_reliability(name, world_size, engine):
-    check_case(cached_job(__name__, world_size, timeout=600, env=engine_env(engine)), name, world_size, case)
+    check_case(shared_job(__name__, world_size, engine), name, world_size, case)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import pytest
 
 import cnccl
-from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, cached_job, check_case, engine_env, everyones, gloo_group
+from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, check_case, everyones, gloo_group, share, shared_job
 from wire_formats import (FRAME_DTYPE as DTYPE, FRAME_HALF_SUBNORMAL_STEP as HALF_SUBNORMAL_STEP, FRAME_UNIT as UNIT,
                           frame_exponent as exponent, framed_allreduce as allreduce, framed_owner_sum as owner_sum)
 
@@ -20,6 +20,8 @@ R = dist.ReduceOp
 SIZES = [1, 5_040, 100_003]
 
 case = Cases()
+WORLD_SIZES = [2, 3, 4]
+share(__name__, CPU_ENGINES, WORLD_SIZES)
 
 
 class Context:
@@ -218,7 +220,7 @@ def min_and_max_on_an_fp8_wire_are_exact(ctx):
 
 
 @pytest.mark.parametrize("engine", CPU_ENGINES)
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", case.names())
 def test_scaling(name, world_size, engine):
-    check_case(cached_job(__name__, world_size, env=engine_env(engine)), name, world_size, case)
+    check_case(shared_job(__name__, world_size, engine), name, world_size, case)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import cnccl
 from harness import (CASE_TIMEOUT, Cases, cached_job, check_case, engine_env, everyones, gloo_group,
-                     separate_hosts_unavailable)
+                     separate_hosts_unavailable, share, shared_job)
 from wire_formats import mixed_magnitudes, rank_order_sum
 
 R = dist.ReduceOp
@@ -24,6 +24,8 @@ WIRES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SIZES = [5_000, 100_000, 1_000_003]
 
 case = Cases()
+WORLD_SIZES = [2, 3, 4]
+share(__name__, ["shm"], WORLD_SIZES)
 
 
 class Context:
@@ -139,10 +141,10 @@ def every_rank_holds_the_same_bytes(ctx):
             assert torch.equal(other.view(torch.int32), t.view(torch.int32)), f"{wire}: rank {r} differs"
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", case.names())
 def test_shm(name, world_size):
-    check_case(cached_job(__name__, world_size, env=engine_env("shm")), name, world_size, case)
+    check_case(shared_job(__name__, world_size, "shm"), name, world_size, case)
 
 
 # Four ranks on two simulated hosts (each pair in an IPC namespace of its own, as on two machines;
