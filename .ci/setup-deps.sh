@@ -5,7 +5,7 @@ set -euo pipefail
 TORCH_VERSION="${CNCCL_TORCH_VERSION:-2.15.0}"
 PY="${PYTHON:-python3}"
 
-apt_pkgs=(libucx-dev ucx-utils iproute2 cmake g++ libgtest-dev pkg-config)
+apt_pkgs=(libucx-dev ucx-utils iproute2 cmake g++ libgtest-dev pkg-config ccache)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
