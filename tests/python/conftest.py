@@ -17,7 +17,8 @@ def pytest_terminal_summary(terminalreporter):
         return
     write = terminalreporter.write_line
     total = sum(seconds for *_, seconds in harness.LAUNCHES)
-    write(f"harness: {len(harness.LAUNCHES)} jobs launched, {total:.0f} s in jobs")
+    write(f"harness: {len(harness.LAUNCHES)} jobs launched, {sum(harness.CASE_RUNS)} cases run in them, "
+          f"{total:.0f} s in jobs")
     for what, world, env, seconds in sorted(harness.LAUNCHES, key=lambda j: -j[3])[:10]:
         engine = env.get("CNCCL_CPU_ENGINE", "")
         shm = {"on": "shm", "off": "ucx"}.get(env.get("CNCCL_SHM", ""), "") if engine == "ucx" else engine

@@ -204,6 +204,10 @@ _JOBS = {}
 # seconds, and each job's launch: what conftest.py prints at the end of the session.
 CASE_TIMES = {}
 LAUNCHES = []
+# Each job's count of cases run (on any rank).
+CASE_RUNS = []
+# The harness's own steps in a job, timed like cases: a module's Context, and its teardown.
+_STEPS = ("::(context)", "::(teardown)")
 
 
 def cached_job(module, world_size, **kwargs):
@@ -283,6 +287,7 @@ def run_job(module, world_size, timeout=900, env=None, hosts=1):
                 results[name] = (results.get(name) or "") + f"[rank {rank}] {failure}\n"
             else:
                 results.setdefault(name, None)
+    CASE_RUNS.append(sum(1 for name in results if not name.endswith(_STEPS)))
     for name in {name for report in reports for name in report.get("times", {})}:
         CASE_TIMES[name] = CASE_TIMES.get(name, 0.0) + max(r.get("times", {}).get(name, 0.0) for r in reports)
     for rank, why in stopped.items():
