@@ -8,9 +8,14 @@ namespace {
 std::string describe(const at::Tensor& t) {
   return std::to_string(t.numel()) + " x " + c10::toString(t.scalar_type());
 }
+// Everything in a reduction's plan that changes its bytes, so that ranks configured differently
+// fail on the signature instead of summing different things: the scale sum_scaling adds (a
+// PREMUL_SUM factor may differ between ranks, as with NCCL, and stays out) and the seed of the
+// stochastic rounding.
 std::string describe(const at::Tensor& t, const Plan& plan, RedOp op) {
   return describe(t) + ", " + op_name(op) + ", " + (plan.compress ? compress::wire_name(plan.wire) : "no") + " wire" +
-         (plan.fp32_sum ? ", fp32 sums" : "") + (plan.stochastic ? ", stochastic rounding" : "") +
+         (plan.post_scale != 1.0 ? ", sum scaled by the world size" : "") + (plan.fp32_sum ? ", fp32 sums" : "") +
+         (plan.stochastic ? ", stochastic rounding seed " + std::to_string(plan.sr_seed) : "") +
          (plan.pow2 ? ", pow2 frames" : "");
 }
 std::string with_root(std::string what, int64_t root) { return what + ", root " + std::to_string(root); }

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "backend/composed/composed_work.h"
+#include "backend/signature.h"
 #include "backend/work.h"
 
 namespace cnccl::composed {
@@ -20,15 +21,8 @@ using errors::as_backend_error;
 using errors::backend_error;
 using errors::message_of;
 
-// Signatures travel as fixed-size, zero-padded byte strings; a longer one keeps its start and a
-// hash of the whole, so two different calls never look alike.
+// Signatures travel as fixed-size, zero-padded byte strings (fit_signature).
 constexpr size_t kSignatureBytes = 256;
-
-std::string fit(const std::string& s) {
-  if (s.size() < kSignatureBytes) return s;
-  const std::string tail = " ... #" + std::to_string(std::hash<std::string>{}(s));
-  return s.substr(0, kSignatureBytes - 1 - tail.size()) + tail;
-}
 
 struct Job {
   c10::intrusive_ptr<HostWork> work;
@@ -113,7 +107,7 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
   // Every rank shows its signature; all must be equal.
   void agree(const std::shared_ptr<Job>& job) {
     at::Tensor mine = at::zeros({int64_t(kSignatureBytes)}, at::kByte);
-    const std::string sig = fit(job->signature);
+    const std::string sig = fit_signature(job->signature, kSignatureBytes);
     std::memcpy(mine.data_ptr(), sig.data(), sig.size());
     std::vector<std::vector<at::Tensor>> all(1);
     for (int r = 0; r < engine->getSize(); ++r) all[0].push_back(at::empty_like(mine));

@@ -2,21 +2,13 @@
 
 #include <c10/util/Exception.h>
 
-#include <cstdio>
-#include <cstring>
 #include <thread>
 
 #include "backend/host/tags.h"
+#include "backend/signature.h"
 
 namespace cnccl::host {
 namespace {
-
-// A hash every build computes alike (ranks may run different builds of the same version).
-uint64_t fnv1a(const std::string& text) {
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 // The longest a waiting rank sleeps without looking at its deadline and abort flag.
 constexpr std::chrono::milliseconds kMaxSleep{1};
@@ -50,14 +42,7 @@ void Comm::begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout
   seq_ = seq;
   deadline_ = Clock::now() + timeout;
   if (size() == 1) return;
-  std::string text = std::string(op) + "(" + signature + ")";
-  if (text.size() >= kHeaderBytes) {
-    // Too long for the header (a coalesced call's list): a hash of the whole text keeps two
-    // different calls from looking alike in the part that fits.
-    char digest[24];
-    std::snprintf(digest, sizeof digest, " ... #%016llx", static_cast<unsigned long long>(fnv1a(text)));
-    text = text.substr(0, kHeaderBytes - 1 - std::strlen(digest)) + digest;
-  }
+  const std::string text = fit_signature(std::string(op) + "(" + signature + ")", kHeaderBytes);
   if (!exchange_headers) {
     signature_hash_ = uint16_t(fnv1a(text) | 1);
     return;

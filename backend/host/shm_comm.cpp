@@ -17,6 +17,8 @@
 #include <immintrin.h>
 #endif
 
+#include "backend/signature.h"
+
 namespace cnccl::host {
 namespace {
 
@@ -224,7 +226,7 @@ void ShmComm::begin(const char* op, uint64_t seq, std::chrono::milliseconds time
   seq_ = seq;
   timeout_ = timeout;
   deadline_ = Clock::now() + timeout;
-  signature_ = (std::string(op) + "(" + signature + ")").substr(0, kSignatureBytes - 1);
+  signature_ = fit_signature(std::string(op) + "(" + signature + ")", kSignatureBytes);
   signature_pending_ = true;
   signature_checked_ = false;
 }

@@ -118,6 +118,40 @@ def disagreeing_coalesced_calls_fail_before_writing_any_tensor(ctx):
                   ["allreduce_coalesced(2 tensors", "4000 x Float", "3000 x Float"], min_bytes=0)
 
 
+def coalesced_allreduce_of_twelve(t, g, last):
+    parts = [t[i * 1000:(i + 1) * 1000] for i in range(11)] + [t[11_000:11_000 + last]]
+    cnccl.backend(g).allreduce_coalesced(parts, dist.AllreduceCoalescedOptions()).wait()
+
+
+@case(min_world=2)
+def disagreeing_past_the_header_fails_before_writing_any_tensor(ctx):
+    """Twelve tensors' signatures are longer than a header holds, and only the last tensor differs:
+    the part that fits agrees, so the hash of the whole text must tell them apart."""
+    each_odd_rank(ctx, lambda t, g: coalesced_allreduce_of_twelve(t, g, 1200),
+                  lambda t, g: coalesced_allreduce_of_twelve(t, g, 1100),
+                  ["allreduce_coalesced(12 tensors", " ... #"], min_bytes=0)
+
+
+@case(min_world=2)
+def disagreeing_sum_scaling(ctx):
+    # Rank 1 scales SUM by 1/world around the cast (CNCCL_SUM_SCALING=world): same bytes, other sums.
+    g = ctx.group(sum_scaling="world" if ctx.rank == 1 else "none", min_bytes=0)
+    t = torch.ones(1 << 16)
+    expect_failure(lambda: dist.all_reduce(t, group=g), "ranks disagree", "sum scaled by the world size")
+    assert torch.equal(t, torch.ones(1 << 16))
+    dist.destroy_process_group(g)
+
+
+@case(min_world=2)
+def disagreeing_stochastic_rounding_seeds(ctx):
+    # Different seeds round the owners' sums differently: ranks would end with different bytes.
+    g = ctx.group(accumulate="fp32", rounding="sr", sr_seed=7 if ctx.rank == 1 else 5, min_bytes=0)
+    t = torch.ones(1 << 16)
+    expect_failure(lambda: dist.all_reduce(t, group=g), "ranks disagree", "seed 5", "seed 7")
+    assert torch.equal(t, torch.ones(1 << 16))
+    dist.destroy_process_group(g)
+
+
 @case(min_world=2)
 def disagreeing_wire_settings(ctx):
     # Same call, but rank 1 was configured for bf16: equal byte counts, different numbers.
