@@ -138,6 +138,8 @@ def separate_hosts_unavailable():
 
 
 _SESSION_DIRS = {}
+# The variable a caller sets to choose a session folder itself.
+_SESSION_DIR_VARIABLES = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "report": "CNCCL_TEST_REPORT_DIR"}
 
 
 def _session_dir(what):
@@ -147,8 +149,8 @@ def _session_dir(what):
     written afresh each run); "shared", results that no CPU engine changes (references computed on
     gloo alone), computed by the first job that needs them and read by the others."""
     if what not in _SESSION_DIRS:
-        given = os.environ.get({"inductor": "TORCHINDUCTOR_CACHE_DIR", "report": "CNCCL_TEST_REPORT_DIR"}.get(what, ""))
-        path = given or tempfile.mkdtemp(prefix=f"cnccl-{what}-")
+        variable = _SESSION_DIR_VARIABLES.get(what)
+        path = (os.environ.get(variable) if variable else None) or tempfile.mkdtemp(prefix=f"cnccl-{what}-")
         os.makedirs(path, exist_ok=True)
         if what == "report":
             for name in os.listdir(path):
