@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "backend/wide_data.h"
 
@@ -63,6 +64,13 @@ at::Tensor exponents(const at::Tensor& amax, compress::Wire wire) {
   return at::where(at::isfinite(amax).logical_and(amax.gt(0)), k, at::zeros_like(k));
 }
 
+// fp32 values rounded to the wire as compress::cast rounds them: torch's conversion, except that e4m3
+// gives NaN, not 448, past its largest value (|v| > 464, the midpoint to the next binade's code).
+at::Tensor to_wire(const at::Tensor& v, compress::Wire wire) {
+  if (wire != compress::Wire::kE4m3) return v.to(wire_dtype(wire));
+  return v.masked_fill(v.abs().gt(464), std::numeric_limits<float>::quiet_NaN()).to(wire_dtype(wire));
+}
+
 at::Tensor headers(const at::Tensor& frames) {
   return frames.narrow(1, 0, kHeaderBytes).contiguous().view(at::kInt).view({-1});
 }
@@ -85,7 +93,7 @@ void encode_aten(const std::vector<at::Tensor>& rows, int64_t count, float scale
   frames.narrow(1, kHeaderBytes, payload_bytes(count, wire)).zero_();
   for (size_t r = 0; r < rows.size(); ++r) {
     if (!rows[r].numel()) continue;
-    const at::Tensor payload = flat[r].mul(s[int64_t(r)].to(flat[r].scalar_type())).to(at::kFloat).to(wire_dtype(wire));
+    const at::Tensor payload = to_wire(flat[r].mul(s[int64_t(r)].to(flat[r].scalar_type())).to(at::kFloat), wire);
     frames[int64_t(r)].narrow(0, kHeaderBytes, payload_bytes(payload.numel(), wire)).copy_(payload.view(at::kByte));
   }
 }

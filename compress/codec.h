@@ -57,8 +57,9 @@ void sum(const uint16_t* const* in, size_t k, float* dst, size_t n, Wire wire);
 float amax(const float* src, size_t n);
 double amax(const double* src, size_t n);
 // dst[i] = round8(src[i] * scale) for the 8-bit wires, the product formed as cast() forms it;
-// round-to-nearest-even, bit-identical to torch's conversions: e4m3 saturates at +-448 (it has no
-// infinities) and e5m2 overflows to inf; NaN stays NaN.
+// round-to-nearest-even, bit-identical to torch's conversions except past the largest value: e5m2
+// overflows to inf as torch does, e4m3 (no infinities) to NaN where torch saturates at +-448, so that
+// an inf input never comes back finite; NaN stays NaN.
 void cast(const float* src, uint8_t* dst, size_t n, float scale, Wire wire);
 void cast(const double* src, uint8_t* dst, size_t n, float scale, Wire wire);
 // dst[i] = widen(src[i]) * scale for the 8-bit wires, as restore() above.

@@ -234,7 +234,7 @@ float amax_f32(const float* src, size_t n) {
 // to_fp8 (cpu_frames.cpp) on 8 lanes: the normal and subnormal roundings both computed, then chosen.
 void cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w) {
   const int m = w == Wire::kE4m3 ? 3 : 2, bias = w == Wire::kE4m3 ? 7 : 15;
-  const int overflow = w == Wire::kE4m3 ? 0x7E : 0x7C, shift = 23 - m;
+  const int overflow = w == Wire::kE4m3 ? 0x7F : 0x7C, shift = 23 - m;
   const __m256 s = _mm256_set1_ps(scale);
   const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
   const __m256i min_normal = _mm256_set1_epi32((128 - bias) << 23);

@@ -17,9 +17,11 @@ using detail::float_of;
 struct Fp8 {
   uint32_t mantissa_bits;
   uint32_t bias;
-  uint8_t overflow;  // e4m3: the largest finite value (448); e5m2: inf
+  // The code of anything that rounds past the largest finite value. e5m2: inf. e4m3 has no inf:
+  // NaN, not torch's saturation to 448, so that an overflow (an inf gradient) stays visible.
+  uint8_t overflow;
 };
-constexpr Fp8 kE4m3{3, 7, 0x7E};
+constexpr Fp8 kE4m3{3, 7, 0x7F};
 constexpr Fp8 kE5m2{2, 15, 0x7C};
 
 const Fp8& format(Wire w) { return w == Wire::kE4m3 ? kE4m3 : kE5m2; }

@@ -17,7 +17,10 @@
 namespace cnccl::compress {
 namespace {
 
+// torch's conversion, except where codec.h departs from it: e4m3 gives NaN (sign kept) past its largest
+// value, where torch saturates at 448; 464 is the midpoint between 448 and the next binade.
 uint8_t torch_fp8(float f, Wire w) {
+  if (w == Wire::kE4m3 && std::fabs(f) > 464.0f) return std::signbit(f) ? 0xFF : 0x7F;
   return w == Wire::kE4m3 ? c10::Float8_e4m3fn(f).x : c10::Float8_e5m2(f).x;
 }
 float torch_widen8(uint8_t b, Wire w) {

@@ -219,6 +219,28 @@ def min_and_max_on_an_fp8_wire_are_exact(ctx):
         assert torch.equal(t, want), f"{op}: {first_difference(t, want)}"
 
 
+@case
+def non_finite_inputs_come_back_non_finite(ctx):
+    """An inf on rank 0 and a NaN on the last rank, in different parts: every wire, scaled or not, must
+    return a non-finite value there on every rank (e4m3 has no inf: NaN), or a loss scaler would miss
+    the overflow. The rest of each part is compared bit for bit with the emulation."""
+    n = 5_040
+    x = gaussian(ctx, n)
+    if ctx.rank == 0:
+        x[3] = float("inf")
+    if ctx.rank == ctx.world - 1:
+        x[n - 2] = float("nan")
+    inputs = ctx.all_inputs(x)
+    for scaling, groups in (("pow2", ctx.pow2), ("none", ctx.none)):
+        for wire, g in groups.items():
+            t = x.clone()
+            dist.all_reduce(t, group=g)
+            assert not t[[3, n - 2]].isfinite().any(), f"{scaling} {wire}: {t[[3, n - 2]].tolist()}"
+            if scaling == "pow2":
+                want = allreduce(inputs, wire, 1.0)
+                assert first_difference(t, want) is None, f"{wire}: {first_difference(t, want)}"
+
+
 @pytest.mark.parametrize("engine", CPU_ENGINES)
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", case.names())

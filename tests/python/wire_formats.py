@@ -26,12 +26,20 @@ def frame_exponent(y, wire):
     return max(-126, min(126, EMAX[wire] - math.frexp(amax)[1]))
 
 
+def to_frame_wire(v, wire):
+    """fp32 values rounded to a frame's wire as cnccl rounds them: torch's conversion, except that e4m3
+    gives NaN past its largest value (|v| > 464 rounds past 448) where torch saturates at 448."""
+    if wire == "e4m3":
+        v = v.masked_fill(v.abs() > 464, float("nan"))
+    return v.to(FRAME_DTYPE[wire])
+
+
 def framed(x, wire, pre=1.0):
     """x (fp32) times `pre` through a frame: the values the receiver decodes. The sender's scale is
     fp32(pre) * 2^k, exact, applied in one fp32 multiplication; decoding multiplies by 2^-k."""
     pre32 = torch.tensor(pre, dtype=torch.float32).item()
     k = frame_exponent(x * pre32, wire)
-    return (x * (pre32 * 2.0**k)).to(FRAME_DTYPE[wire]).float() * 2.0**-k
+    return to_frame_wire(x * (pre32 * 2.0**k), wire).float() * 2.0**-k
 
 
 def framed_owner_sum(parts, wire, pre):
