@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "backend/errors.h"
 #include "backend/wide_data.h"
 
 namespace cnccl::frames {
@@ -36,9 +37,17 @@ int32_t exponent(float amax, compress::Wire wire) {
   return k < -kMaxExponent ? -kMaxExponent : k > kMaxExponent ? kMaxExponent : k;
 }
 
-int32_t header_of(const uint8_t* frame) {
+// The exponent of a frame that rank `sender` sent. Only this code writes frames, so one outside
+// [-126, 126] is corruption or another version; it would also make 2^-k undefined (-INT32_MIN) or
+// build a scale from garbage bits.
+int32_t header_of(const uint8_t* frame, int64_t sender) {
   int32_t k;
   std::memcpy(&k, frame, sizeof k);
+  if (k < -kMaxExponent || k > kMaxExponent) {
+    throw errors::backend_error("cnccl: the power-of-two frame from rank " + std::to_string(sender) +
+                                " carries the exponent " + std::to_string(k) + ", outside [-126, 126]: the peer " +
+                                "sent corrupt data or runs another version of cnccl");
+  }
   return k;
 }
 
@@ -57,6 +66,14 @@ void encode_row(const T* x, int64_t count, float scale, compress::Wire wire, uin
 
 // 2^k as fp32, built from its bits so that no math library's exp2 is involved; k in [-126, 126].
 at::Tensor power_of_two(const at::Tensor& k) { return k.add(127).bitwise_left_shift(23).view(at::kFloat); }
+
+// 2^-k of received exponents. On a device nothing is read back to raise an error, so an exponent
+// outside [-126, 126] (header_of) decodes its whole frame as NaN instead of as garbage scales.
+at::Tensor decoding_scales(const at::Tensor& k) {
+  const at::Tensor in_range = k.ge(-kMaxExponent).logical_and(k.le(kMaxExponent));
+  return at::where(in_range, power_of_two(k.clamp(-kMaxExponent, kMaxExponent).neg()),
+                   at::full_like(k, std::numeric_limits<float>::quiet_NaN(), k.options().dtype(at::kFloat)));
+}
 
 at::Tensor exponents(const at::Tensor& amax, compress::Wire wire) {
   const at::Tensor e = std::get<1>(at::frexp(amax));
@@ -151,17 +168,17 @@ at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::W
   if (!on_kernels(out, impl)) {
     const at::Tensor stacked = at::stack(frames);
     const at::Tensor decoded = payloads(stacked, count, wire).to(at::kFloat).mul_(
-        power_of_two(headers(stacked).neg()).unsqueeze(1));
+        decoding_scales(headers(stacked)).unsqueeze(1));
     out.copy_(decoded[0]);
     for (int64_t r = 1; r < decoded.size(0); ++r) out.add_(decoded[r]);
     return out;
   }
   std::vector<const void*> in;
   std::vector<float> scales;
-  for (const auto& f : frames) {
-    const auto* frame = f.const_data_ptr<uint8_t>();
+  for (size_t r = 0; r < frames.size(); ++r) {
+    const auto* frame = frames[r].const_data_ptr<uint8_t>();
     in.push_back(frame + kHeaderBytes);
-    scales.push_back(std::ldexp(1.0f, -header_of(frame)));
+    scales.push_back(std::ldexp(1.0f, -header_of(frame, int64_t(r))));
   }
   compress::scaled_sum(in.data(), scales.data(), in.size(), out.mutable_data_ptr<float>(), size_t(count), wire);
   return out;
@@ -173,7 +190,7 @@ void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, doubl
   if (!n) return;
   const float post = float(post_scale);
   if (!on_kernels(dst, impl)) {
-    const at::Tensor s = power_of_two(headers(frames).neg()).mul(double(post)).to(dst.scalar_type());
+    const at::Tensor s = decoding_scales(headers(frames)).mul(double(post)).to(dst.scalar_type());
     const at::Tensor values = payloads(frames, count, wire).to(at::kFloat).to(dst.scalar_type()).mul(s.unsqueeze(1));
     dst.copy_(values.view({-1}).narrow(0, 0, n).view(dst.sizes()));
     return;
@@ -183,7 +200,7 @@ void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, doubl
   with_wide_data(out, [&](auto* y) {
     for (int64_t r = 0, first = 0; first < n; ++r, first += count) {
       const uint8_t* frame = f[r].const_data_ptr<uint8_t>();
-      const float s = std::ldexp(post, -header_of(frame));
+      const float s = std::ldexp(post, -header_of(frame, r));
       const size_t len = size_t(std::min(count, n - first));
       if (compress::wire_bytes(wire) == 1) {
         compress::restore(frame + kHeaderBytes, y + first, len, s, wire);

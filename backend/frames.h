@@ -41,6 +41,9 @@ std::vector<at::Tensor> parts_of(const at::Tensor& flat, int64_t parts, int64_t 
 
 // out (fp32 [count], contiguous) = each frame's values widened and multiplied by 2^-k, added in fp32
 // in the order given (one frame a rank, rank 0 first): compress::scaled_sum. Returns out.
+// Frames come from peers: an exponent outside [-126, 126] throws a DistBackendError naming the rank
+// (the frame's row) on the CPU kernels, and on ATen's form (nothing is read back) makes that frame's
+// values NaN. restore() alike, its rows being the owners' frames, row r from rank r.
 at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::Wire wire, const at::Tensor& out,
                Impl impl = Impl::kForDevice);
 

@@ -26,4 +26,12 @@ inline std::string fit_signature(const std::string& text, size_t bytes) {
   return text.substr(0, bytes - 1 - size_t(n)) + digest;
 }
 
+// The text a peer wrote into a fixed-size buffer, up to its first NUL or the buffer's end: a peer's
+// bytes are not trusted to be terminated.
+inline std::string peer_text(const char* buffer, size_t bytes) {
+  size_t n = 0;
+  while (n < bytes && buffer[n] != '\0') ++n;
+  return std::string(buffer, n);
+}
+
 }  // namespace cnccl

@@ -17,8 +17,9 @@
 namespace cnccl::compress {
 
 // Whose random bits an element takes: Philox4x32-10 keyed by `seed` (low word first), at counter
-// (index / 4, seq, rank, phase); element `index` takes word index % 4 of that block. Nothing depends
-// on how the elements are chunked or which device rounds them.
+// (index / 4 mod 2^32, seq, rank, phase + 2 * (index / 2^34)); element `index` takes word index % 4
+// of that block. The last word's high part keeps tensors past 2^34 elements from repeating bits.
+// Nothing depends on how the elements are chunked or which device rounds them.
 struct Dither {
   uint64_t seed = 0;
   uint32_t seq = 0;    // the collective's sequence number in its group's path
@@ -63,7 +64,8 @@ CNCCL_HOST_DEVICE Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, u
 }
 
 CNCCL_HOST_DEVICE uint32_t random_bits(const Dither& d, uint64_t index) {
-  const Philox4 block = philox4x32_10(static_cast<uint32_t>(index >> 2), d.seq, d.rank, d.phase,
+  const Philox4 block = philox4x32_10(static_cast<uint32_t>(index >> 2), d.seq, d.rank,
+                                      d.phase + 2 * static_cast<uint32_t>(index >> 34),
                                       static_cast<uint32_t>(d.seed), static_cast<uint32_t>(d.seed >> 32));
   return block.word[index & 3];
 }

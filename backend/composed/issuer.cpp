@@ -127,7 +127,7 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
     }
     for (int r = 0; r < size; ++r) {
       if (at::equal(all[0][r], mine)) continue;
-      const std::string theirs(static_cast<const char*>(all[0][r].const_data_ptr()));
+      const std::string theirs = peer_text(static_cast<const char*>(all[0][r].const_data_ptr()), kSignatureBytes);
       throw backend_error(job->what + ": ranks disagree on this collective: rank " + std::to_string(rank) + " called " +
                           sig + ", rank " + std::to_string(r) + " called " + theirs);
     }

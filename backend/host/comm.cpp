@@ -73,7 +73,8 @@ void Comm::settle_headers() {
   for (const auto& [theirs, peer] : {std::pair{&header_from_left_, left()}, std::pair{&header_from_right_, right()}}) {
     if (*theirs == header_out_) continue;
     const std::string what = "ranks disagree on this collective: rank " + std::to_string(rank()) + " called " +
-                             header_out_.data() + ", rank " + std::to_string(peer) + " called " + theirs->data();
+                             header_out_.data() + ", rank " + std::to_string(peer) + " called " +
+                             peer_text(theirs->data(), kHeaderBytes);
     notify_peers(what);
     fail(what, peer);
   }
@@ -184,7 +185,7 @@ void Comm::check_notices() const {
   for (const auto& r : notice_recvs_) {
     if (!r->done()) continue;
     const int from = tags::source_of(r->sender_tag());
-    fail("rank " + std::to_string(from) + " reported: " + std::string(notices_in_[from].data()), from);
+    fail("rank " + std::to_string(from) + " reported: " + peer_text(notices_in_[from].data(), kNoticeBytes), from);
   }
 }
 

@@ -23,8 +23,7 @@ void reduce_shm(ShmComm& shm, const ShmReduction& r) {
   const int size = shm.size(), rank = shm.rank();
   const size_t max_length = r.parts.max_length();
   const bool one_shot = max_length * size * r.elem <= std::min(kOneShotBytes, ShmComm::kSlotBytes);
-  // Elements of one piece per chunk, a whole number of cache lines apart.
-  const size_t chunk = one_shot ? max_length : std::max<size_t>(1, ShmComm::kSlotBytes / size / r.elem / 64) * 64;
+  const size_t chunk = one_shot ? max_length : ShmComm::piece_elements(size, r.elem);
   const size_t chunks = one_shot ? 1 : (max_length + chunk - 1) / chunk;
   auto wanted = [&](int part) {
     return r.deliver == ShmReduction::kAll || (r.deliver == ShmReduction::kOwn ? part == rank : rank == r.root);

@@ -211,6 +211,13 @@ ShmComm::ShmComm(int rank, int size, std::string group_name, std::vector<Segment
   spin_ = oversubscribed ? std::chrono::microseconds(0) : kSpin;
 }
 
+size_t ShmComm::piece_elements(int ranks, size_t elem) {
+  constexpr size_t kLine = 64;
+  const size_t fits = kSlotBytes / size_t(ranks) / elem;
+  TORCH_CHECK(fits > 0, "cnccl: ", ranks, " ranks of ", elem, "-byte elements do not fit a shared-memory slot");
+  return fits >= kLine ? fits / kLine * kLine : fits;
+}
+
 ShmComm::~ShmComm() = default;
 
 ShmComm::Control& ShmComm::control(int rank) const {
@@ -312,7 +319,7 @@ void ShmComm::compare_signatures(uint64_t step) {
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     const auto& theirs = control(peer).headers[step % kDepth];
-    const std::string text(theirs.text, strnlen(theirs.text, sizeof theirs.text));
+    const std::string text = peer_text(theirs.text, sizeof theirs.text);
     if (theirs.step == step && text == signature_) continue;
     fail("ranks disagree on this collective: rank " + std::to_string(global_rank(rank_)) + " called " + signature_ +
              ", rank " + std::to_string(global_rank(peer)) + " called " +

@@ -27,6 +27,10 @@ class ShmComm {
   // the caches between the rank that writes it and the ranks that read it.
   static constexpr size_t kSlotBytes = size_t(512) << 10;
   static constexpr uint64_t kDepth = 2;
+  // Elements of `elem` bytes in one piece of a chunk that gives each of `ranks` ranks a piece of a
+  // slot: a whole number of cache lines' worth where a slot holds that many, so pieces never share
+  // a line, else what fits. Never more than kSlotBytes / ranks bytes.
+  static size_t piece_elements(int ranks, size_t elem);
   enum Counter : int { kPosted, kReduced, kReleased, kCounters };
 
   // Collective over the group: maps the segments of the ranks on this host (host_identity()).

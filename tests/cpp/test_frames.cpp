@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
 
 #include "backend/frames.h"
 
@@ -103,6 +106,37 @@ TEST(Frames, ThePowerOfTwoIsExactWhereNothingOverflowsOrUnderflows) {
   int32_t k;
   std::memcpy(&k, frames.const_data_ptr<uint8_t>(), 4);
   EXPECT_EQ(k, 15 - 7) << "amax in [64, 128): 2^7 -> 2^14";
+}
+
+// A peer's exponent outside [-126, 126] (corruption, another version): the kernels name the rank whose
+// frame it is, and the ATen form, which cannot raise on a device, decodes that frame as NaN and leaves
+// the other frames alone.
+TEST(Frames, AnExponentOutOfRangeNamesItsRankOrDecodesAsNaN) {
+  const int64_t count = 64;
+  std::vector<at::Tensor> rows{at::randn({count}), at::randn({count}), at::randn({count})};
+  for (int32_t bad : {std::numeric_limits<int32_t>::min(), -127, 127, std::numeric_limits<int32_t>::max()}) {
+    at::Tensor frames = at::empty({3, frame_bytes(count, Wire::kE4m3)}, at::kByte);
+    encode(rows, count, 1.0, Wire::kE4m3, frames);
+    std::memcpy(frames[1].mutable_data_ptr<uint8_t>(), &bad, sizeof bad);
+    const std::string k = std::to_string(bad);
+    for (auto attempt : {std::function<void()>([&] { sum(frames.unbind(0), count, Wire::kE4m3, at::empty({count})); }),
+                         std::function<void()>([&] { restore(frames, count, Wire::kE4m3, 1.0, at::empty({3 * count})); })}) {
+      try {
+        attempt();
+        ADD_FAILURE() << "exponent " << k << " was decoded";
+      } catch (const c10::DistBackendError& e) {
+        const std::string what = e.what_without_backtrace();
+        EXPECT_NE(what.find("from rank 1 carries the exponent " + k), std::string::npos) << what;
+      }
+    }
+    const at::Tensor summed = sum(frames.unbind(0), count, Wire::kE4m3, at::empty({count}), Impl::kAten);
+    EXPECT_TRUE(summed.isnan().all().item<bool>()) << "exponent " << k;
+    at::Tensor restored = at::empty({3 * count});
+    restore(frames, count, Wire::kE4m3, 1.0, restored, Impl::kAten);
+    EXPECT_TRUE(restored.narrow(0, count, count).isnan().all().item<bool>()) << "exponent " << k;
+    EXPECT_FALSE(restored.narrow(0, 0, count).isnan().any().item<bool>()) << "exponent " << k;
+    EXPECT_FALSE(restored.narrow(0, 2 * count, count).isnan().any().item<bool>()) << "exponent " << k;
+  }
 }
 
 }  // namespace

@@ -120,6 +120,11 @@ TEST(Stochastic, EveryCounterWordAndTheSeedChangeTheBits) {
     EXPECT_NE(bits(d, 0), reference) << d.seed << " " << d.seq << " " << d.rank << " " << d.phase;
   }
   EXPECT_NE(bits(base, 4), reference) << "the element index";
+  // index / 4 fills a 32-bit counter word at 2^34 elements: past it the bits must still be new.
+  for (uint64_t wrap : {uint64_t(1) << 34, uint64_t(3) << 34, uint64_t(1) << 40}) {
+    EXPECT_NE(bits(base, wrap), reference) << "element " << wrap;
+    EXPECT_NE(bits(Dither{9, 3, 1, kResult}, wrap), bits(base, wrap + (uint64_t(1) << 34))) << "element " << wrap;
+  }
 }
 
 TEST(Stochastic, SumIsTheFp32SumInOrderRoundedStochastically) {

@@ -96,9 +96,11 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 
 
 def random_bits(first, n, seed, seq, rank, phase):
-    """The random word of elements first..first+n-1: word i % 4 of Philox at (i // 4, seq, rank, phase)."""
+    """The random word of elements first..first+n-1: word i % 4 of Philox at
+    (i // 4 mod 2^32, seq, rank, phase + 2 * (i // 2^34))."""
     index = np.arange(first, first + n, dtype=np.uint64)
-    words = philox4x32_10(index >> np.uint64(2), seq, rank, phase, seed & _MASK, seed >> 32)
+    words = philox4x32_10((index >> np.uint64(2)) & np.uint64(_MASK), seq, rank,
+                          np.uint64(phase) + np.uint64(2) * (index >> np.uint64(34)), seed & _MASK, seed >> 32)
     return np.choose((index & np.uint64(3)).astype(np.int64), words)
 
 

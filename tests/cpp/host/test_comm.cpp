@@ -3,6 +3,8 @@
 // the disagreement first has torn its transport down.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include "backend/host/algorithms.h"
 #include "memory_transport.h"
 
@@ -84,6 +86,44 @@ TEST(CommHeaders, ARankWhoseNeighboursAgreeReportsThePeersNoticeNotTheSendError)
   });
   EXPECT_NE(errors[3].find("reported: ranks disagree"), std::string::npos) << errors[3];
   EXPECT_EQ(errors[3].find("transport"), std::string::npos) << errors[3];
+}
+
+// Sends its signature headers (the 256-byte messages) as 256 'X's with no terminating NUL, as a
+// corrupt or hostile peer could.
+class UnterminatedHeaderTransport final : public Transport {
+ public:
+  UnterminatedHeaderTransport(Fabric& fabric, int rank, int size) : inner_(fabric, rank, size) {
+    header_.fill('X');
+  }
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    return inner_.isend(peer, tag, bytes == header_.size() ? header_.data() : data, bytes);
+  }
+  std::unique_ptr<Request> irecv(int peer, uint64_t tag, uint64_t mask, void* data, size_t bytes) override {
+    return inner_.irecv(peer, tag, mask, data, bytes);
+  }
+  bool progress() override { return inner_.progress(); }
+  void wait_for_activity(std::chrono::microseconds limit) override { inner_.wait_for_activity(limit); }
+  uint64_t bytes_sent() const override { return inner_.bytes_sent(); }
+  std::string describe() const override { return "memory, unterminated headers"; }
+
+ private:
+  MemoryTransport inner_;
+  std::array<char, 256> header_{};
+};
+
+// The peer's text ends where its buffer does: reading on for a NUL would run into the next header
+// (here the same rank's other one) and past the Comm.
+TEST(CommHeaders, APeersHeaderWithoutATerminatorIsReadToItsEndOnly) {
+  const auto errors = on_ranks(2, [](Comm& comm) { barrier_direct(comm); }, {},
+                               [](Fabric& fabric, int r, int n) -> std::unique_ptr<Transport> {
+                                 if (r == 1) return std::make_unique<UnterminatedHeaderTransport>(fabric, r, n);
+                                 return std::make_unique<MemoryTransport>(fabric, r, n);
+                               });
+  const std::string xs(256, 'X');
+  EXPECT_NE(errors[0].find("rank 1 called " + xs + " [peer rank 1]"), std::string::npos) << errors[0];
 }
 
 }  // namespace

@@ -195,22 +195,36 @@ TEST(Shm, BroadcastCopiesTheRootsBytesEverywhere) {
 
 TEST(Shm, DisagreeingSignaturesFailEveryRankBeforeAnyDataIsRead) {
   const int size = 3;
-  std::vector<std::vector<int32_t>> out(size, std::vector<int32_t>(1000, 7));
+  // The buffers reduce_shm writes into outlive its throw, so the test sees what it wrote.
+  std::vector<std::vector<int32_t>> results(size);
   // Rank 2 reduces a different count: its signature differs, and so would its number of chunks.
   const auto errors = on_shm_ranks(
       size,
       [&](ShmComm& shm) {
         const size_t count = shm.rank() == 2 ? 300000 : 1000;
-        std::vector<int32_t> result(count, 7);
+        auto& result = results[shm.rank()];
+        result.assign(count, 7);
         const auto mine = contribution(shm.rank(), count);
         reduce_shm(shm, int32_sum(mine, result.data(), count, size, ShmReduction::kAll));
-        out[shm.rank()].assign(result.begin(), result.begin() + 1000);
       },
       [](int r) { return r == 2 ? "count=300000" : "count=1000"; });
   for (int r = 0; r < size; ++r) {
     EXPECT_NE(errors[r].find("ranks disagree on this collective"), std::string::npos)
         << "rank " << r << ": " << errors[r];
-    EXPECT_EQ(out[r], std::vector<int32_t>(1000, 7)) << "rank " << r;
+    EXPECT_EQ(results[r], std::vector<int32_t>(results[r].size(), 7)) << "rank " << r;
+  }
+}
+
+// Every rank's piece of a chunk within its share of the slot, for any number of local ranks and any
+// element size (a floor of one cache line a piece overflowed the slot past 8192 ranks x bytes).
+TEST(Shm, PiecesOfAChunkFitTheSlot) {
+  for (int ranks = 1; ranks <= 8192; ranks += ranks < 16 ? 1 : 61) {
+    for (size_t elem : {1, 2, 4, 8, 16}) {
+      const size_t piece = ShmComm::piece_elements(ranks, elem);
+      EXPECT_GT(piece, 0u) << ranks << " x " << elem;
+      EXPECT_LE(piece * elem * size_t(ranks), ShmComm::kSlotBytes) << ranks << " x " << elem;
+      if (ShmComm::kSlotBytes / size_t(ranks) / elem >= 64) EXPECT_EQ(piece % 64, 0u) << ranks << " x " << elem;
+    }
   }
 }
 
