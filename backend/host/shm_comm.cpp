@@ -174,12 +174,12 @@ std::unique_ptr<ShmComm> ShmComm::connect(c10d::Store& store, int rank, int size
     const int peer = local[i];
     if (peer == rank) continue;
     try {
-      segments[i] = Segment::open(all[peer].pid, all[peer].fd, kSegmentBytes);
+      peers[i] = Liveness(all[peer].pid);
+      segments[i] = Segment::open(peers[i], all[peer].fd, kSegmentBytes);
       const auto* control = reinterpret_cast<const Control*>(segments[i].data());
       if (control->magic != kMagic || control->token != all[peer].token) {
         trouble = "rank " + std::to_string(peer) + "'s segment does not hold what it announced";
       }
-      peers[i] = Liveness(all[peer].pid);
     } catch (const std::exception& e) {
       trouble = "rank " + std::to_string(rank) + " cannot map rank " + std::to_string(peer) + "'s segment: " + e.what();
     }

@@ -1,8 +1,9 @@
 // One rank's shared-memory segment and its view of the peers' (docs/design.md, "Shared memory").
 // Segments are memfd files: anonymous, so nothing is ever left in /dev/shm or SysV after any exit,
-// SIGKILL included (the memory goes with the last mapping). A peer maps one read-only by opening
-// /proc/<pid>/fd/<fd>, which the kernel allows only to the same user. Peer death is seen through a
-// pidfd. Linux only.
+// SIGKILL included (the memory goes with the last mapping). Sealed before they are announced: no
+// process can resize one (a SIGBUS for every rank) or write it except through its owner's mapping.
+// A peer maps one read-only by opening /proc/<pid>/fd/<fd>, which the kernel allows only to the
+// same user. Peer death is seen through a pidfd. Linux only.
 #pragma once
 
 #include <cstddef>
@@ -15,13 +16,17 @@ namespace cnccl::host {
 // PID and mount namespaces (the /proc path names a pid of ours), and the user.
 std::string host_identity();
 
+class Liveness;
+
 class Segment {
  public:
-  // Creates a segment of `bytes`, every page reserved now: a full memory limit fails here with
-  // a clear message instead of a SIGBUS at first touch. Throws std::runtime_error.
+  // Creates a sealed segment of `bytes`, mapped writable for its owner alone. Throws
+  // std::runtime_error.
   static Segment create(size_t bytes);
-  // Maps another process's segment read-only, by its pid and descriptor. Throws std::runtime_error.
-  static Segment open(int pid, int fd, size_t bytes);
+  // Maps another process's segment read-only, by its owner (whose pidfd was taken before this call)
+  // and descriptor, once it has checked that the file is a sealed cnccl memfd of `bytes`. Throws
+  // std::runtime_error.
+  static Segment open(const Liveness& owner, int fd, size_t bytes);
 
   Segment() = default;
   Segment(Segment&& other) noexcept;

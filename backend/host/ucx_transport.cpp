@@ -5,6 +5,8 @@
 #include <poll.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <mutex>
 #include <thread>
 
@@ -26,6 +28,14 @@ std::shared_ptr<ucp_context> shared_context() {
   if (auto ctx = weak.lock()) return ctx;
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "config read");
+  // Every group has its own worker, and UCX's shared-memory transports (posix and sysv) each give
+  // a worker 512 receive buffers of 8 KiB up front: 6 MiB of shared and 3 MiB of private memory a
+  // rank per group. Pools of 64 grow on demand just the same (UCX_*_RX_MAX_BUFS is unlimited);
+  // bench/group_memory.py measures what a group costs. A user's own setting wins.
+  if (!std::getenv("UCX_MM_RX_BUFS_GROW") && !std::getenv("UCX_POSIX_RX_BUFS_GROW") &&
+      !std::getenv("UCX_SYSV_RX_BUFS_GROW")) {
+    ucp_config_modify(config, "MM_RX_BUFS_GROW", "64");
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
   // WAKEUP lets a waiting rank sleep in the kernel until a message arrives instead of polling.

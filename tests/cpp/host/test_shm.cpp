@@ -8,6 +8,10 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -226,6 +230,46 @@ TEST(Shm, PiecesOfAChunkFitTheSlot) {
       if (ShmComm::kSlotBytes / size_t(ranks) / elem >= 64) EXPECT_EQ(piece % 64, 0u) << ranks << " x " << elem;
     }
   }
+}
+
+// The trust model (docs/design.md, "Shared memory"): once created, no other descriptor of a segment,
+// even a read-write one opened through /proc as any process of the same user could, can resize it
+// (which would give every mapping rank a SIGBUS) or write it.
+TEST(ShmSegment, NoOneButItsOwnerCanResizeOrWriteIt) {
+  const Segment own = Segment::create(1 << 20);
+  const std::string path = "/proc/self/fd/" + std::to_string(own.fd());
+  const int rw = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(rw, 0) << path;
+  EXPECT_NE(::ftruncate(rw, 4096), 0) << "shrunk";
+  EXPECT_NE(::ftruncate(rw, 2 << 20), 0) << "grown";
+  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0), MAP_FAILED) << "mapped writable";
+  EXPECT_LT(::pwrite(rw, "x", 1, 0), 0) << "written";
+  ::close(rw);
+  own.data()[0] = 'y';  // the owner's own mapping stays writable
+  const Segment peer = Segment::open(Liveness(::getpid()), own.fd(), 1 << 20);
+  EXPECT_EQ(peer.data()[0], 'y');
+}
+
+// A peer maps only what cnccl announced: a sealed cnccl memfd of the announced size.
+TEST(ShmSegment, OpeningRefusesAnUnsealedFileAnotherFileOrAnotherSize) {
+  const Liveness self(::getpid());
+  const int unsealed = ::memfd_create("cnccl", MFD_CLOEXEC);
+  ASSERT_EQ(::ftruncate(unsealed, 1 << 20), 0);
+  const int other = ::open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+  const Segment own = Segment::create(1 << 20);
+  auto refusal = [&](int fd, size_t bytes) {
+    try {
+      Segment::open(self, fd, bytes);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("mapped");
+  };
+  EXPECT_NE(refusal(unsealed, 1 << 20).find("not sealed"), std::string::npos) << refusal(unsealed, 1 << 20);
+  EXPECT_NE(refusal(other, 1 << 20).find("not a cnccl memfd"), std::string::npos) << refusal(other, 1 << 20);
+  EXPECT_NE(refusal(own.fd(), 2 << 20).find("not the segment announced"), std::string::npos);
+  ::close(unsealed);
+  ::close(other);
 }
 
 TEST(Shm, ARankThatNeverArrivesFailsTheOthersAtTheirDeadline) {
