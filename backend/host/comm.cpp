@@ -35,6 +35,8 @@ Comm::Comm(std::unique_ptr<Transport> transport, std::string group_name)
   }
 }
 
+Comm::~Comm() { transport_->quiesce(); }
+
 void Comm::begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout, const std::string& signature,
                  bool exchange_headers) {
   settle_headers();
@@ -98,7 +100,7 @@ void Comm::notify_peers(const std::string& what) {
     return true;
   };
   while (!all_sent() && Clock::now() < until) {
-    if (!transport_->progress()) std::this_thread::yield();
+    if (!transport_->progress()) transport_->wait_for_activity(kMaxSleep);
   }
 }
 
@@ -155,6 +157,10 @@ void Comm::wait_all(std::vector<Pending>& pending) {
     }
     if (poll()) continue;
     check_notices();  // only when idle: it looks at one request per peer
+    if (const std::string failure = peer_failure(p.peer); !failure.empty()) {
+      fail_after_notices(std::string("cannot ") + (p.is_recv ? "receive from" : "send to") + " a peer: " + failure,
+                         p.peer);
+    }
     if (Clock::now() > deadline_) {
       fail(std::string("timed out waiting to ") + (p.is_recv ? "receive from" : "send to") +
                " a peer; it may have died or not called this collective",
@@ -179,6 +185,15 @@ void Comm::fail_after_notices(const std::string& what, int peer) {
     if (!transport_->progress()) transport_->wait_for_activity(kMaxSleep);
   }
   fail(what, peer);
+}
+
+std::string Comm::peer_failure(int peer) const {
+  if (peer < 0) return {};
+  if (exited_) {
+    if (std::string why = exited_(peer); !why.empty()) return why;
+  }
+  const std::string failure = transport_->peer_failure(peer);
+  return failure.empty() ? failure : "its connection failed (" + failure + "); it may have died";
 }
 
 void Comm::check_notices() const {
@@ -225,6 +240,8 @@ bool Comm::poll() {
       if (it->pending.is_recv) source = tags::source_of(it->pending.request->sender_tag());
     } else if (aborted_) {
       problem = it->what + " aborted: " + abort_reason_;
+    } else if (const std::string failure = peer_failure(it->pending.peer); !failure.empty()) {
+      problem = it->what + " failed: " + failure;
     } else if (now > it->deadline) {
       problem = it->what + " timed out; the peer may have died or not posted the matching operation";
     } else {
@@ -235,7 +252,8 @@ bool Comm::poll() {
     if (!problem.empty()) {
       error = std::make_exception_ptr(c10::DistBackendError(
           {__func__, __FILE__, uint32_t(__LINE__)},
-          "cnccl: " + problem + " (group '" + group_name_ + "', rank " + std::to_string(rank()) + ")"));
+          "cnccl: " + problem + " (group '" + group_name_ + "', rank " + std::to_string(rank()) + ")" +
+              (it->pending.peer >= 0 ? " [peer rank " + std::to_string(it->pending.peer) + "]" : "")));
     }
     auto done = std::move(it->done);
     it = background_.erase(it);
@@ -250,6 +268,7 @@ void Comm::abort(const std::string& why) {
   if (aborted_.load()) return;
   abort_reason_ = why;  // written before the flag is raised, so readers that see the flag see it
   aborted_.store(true);
+  transport_->wake();
 }
 
 }  // namespace cnccl::host

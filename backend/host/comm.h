@@ -31,6 +31,10 @@ struct Pending {
 class Comm {
  public:
   Comm(std::unique_ptr<Transport> transport, std::string group_name);
+  // Quiesces the transport before anything a message may still use is released.
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
 
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }
@@ -68,6 +72,11 @@ class Comm {
   bool has_background() const { return !background_.empty(); }
   // Advances the transport and completes finished point-to-point messages.
   bool poll();
+  // Sleeps until a message may have arrived, wake() is called, or `limit` has passed (a background
+  // message's deadline is checked by the next poll()).
+  void wait_for_activity(std::chrono::microseconds limit) { transport_->wait_for_activity(limit); }
+  // Ends a wait_for_activity() on another thread. Any thread may call it.
+  void wake() { transport_->wake(); }
 
   // The group's reusable buffers (the path's workspace, staging, and the algorithms' own).
   Scratch& scratch() { return scratch_; }
@@ -75,6 +84,15 @@ class Comm {
   // After abort() every wait throws, now and later.
   void abort(const std::string& why);
   bool aborted() const { return aborted_.load(); }
+
+  // Asks `exited(peer)` ("" while the peer lives) whenever a wait is idle, besides the transport's
+  // own view: on one host a pidfd sees a death at once, where UCX needs a keepalive round.
+  void watch_peers(std::function<std::string(int peer)> exited) { exited_ = std::move(exited); }
+
+  // Keeps `owner` (a failed collective's tensors) alive until the transport has been quiesced: a
+  // message of a failed collective may still be moving into or out of its buffers, and the caller
+  // may free them as soon as the work has failed.
+  void keep_until_quiesced(std::shared_ptr<void> owner) { kept_.push_back(std::move(owner)); }
 
  private:
   struct Background {
@@ -99,21 +117,29 @@ class Comm {
   void check_notices() const;
   // Fails with `what`, or with a notice that arrives within a short grace and explains it.
   [[noreturn]] void fail_after_notices(const std::string& what, int peer);
+  // Why messages with `peer` cannot complete ("" while they can): its process exited, or the
+  // transport saw its connection fail.
+  std::string peer_failure(int peer) const;
 
+  // Declared in the order that destroys, after ~Comm has quiesced the transport, first the
+  // requests, then the transport (its worker), then the buffers messages used: never a buffer
+  // while a message may still touch it.
+  std::vector<std::shared_ptr<void>> kept_;
+  Scratch scratch_;
+  Header header_out_{}, header_from_left_{}, header_from_right_{};
+  std::array<char, kNoticeBytes> notice_out_{};
+  std::vector<std::array<char, kNoticeBytes>> notices_in_;  // by source rank
   std::unique_ptr<Transport> transport_;
+  std::list<Background> background_;
+  std::vector<Pending> headers_;  // of the collective in flight, until settled
+  std::vector<std::unique_ptr<Request>> notice_recvs_;
+  std::vector<std::unique_ptr<Request>> notice_sends_;
   std::string group_name_;
   const char* op_ = "";
   uint64_t seq_ = 0;
   Clock::time_point deadline_;
-  std::list<Background> background_;
-  Header header_out_{}, header_from_left_{}, header_from_right_{};
-  std::vector<Pending> headers_;  // of the collective in flight, until settled
-  uint16_t signature_hash_ = 0;   // of the collective in flight, in its data messages' tags
-  std::array<char, kNoticeBytes> notice_out_{};
-  std::vector<std::array<char, kNoticeBytes>> notices_in_;  // by source rank
-  std::vector<std::unique_ptr<Request>> notice_recvs_;
-  std::vector<std::unique_ptr<Request>> notice_sends_;
-  Scratch scratch_;
+  uint16_t signature_hash_ = 0;  // of the collective in flight, in its data messages' tags
+  std::function<std::string(int)> exited_;
   std::mutex abort_mutex_;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;

@@ -8,6 +8,9 @@ namespace {
 // Bounds the threads a chain of blocking callbacks can pull in (each one nests a collective).
 constexpr size_t kMaxThreads = 16;
 
+// The longest a leader with only point-to-point messages in flight sleeps between polls.
+constexpr std::chrono::milliseconds kIdleWait{10};
+
 // The executor whose completions this thread is running, if any.
 thread_local const Executor* running_completions_of = nullptr;
 // Set when a completion on this thread stopped (and so destroyed) the executor running it.
@@ -31,8 +34,8 @@ void Executor::submit(std::function<void()> job) {
       threads_.emplace_back([this] { loop(); });
     }
   }
-  job_cv_.notify_one();
   lead_cv_.notify_one();
+  comm_.wake();  // a leader may be waiting on the network for point-to-point messages
 }
 
 void Executor::defer(std::function<void()> completion) { completions_.push_back(std::move(completion)); }
@@ -43,8 +46,8 @@ void Executor::stop() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
-  job_cv_.notify_all();
   lead_cv_.notify_all();
+  comm_.wake();
   const bool own_thread = running_completions_of == this;
   if (own_thread) {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -114,8 +117,14 @@ void Executor::loop() {
 
 void Executor::lead(std::unique_lock<std::mutex>& lock) {
   if (queue_.empty() && background_ && !stopping_) {
-    // Point-to-point messages in flight: poll at a short interval instead of sleeping.
-    job_cv_.wait_for(lock, std::chrono::microseconds(50), [&] { return !queue_.empty() || stopping_; });
+    // Point-to-point messages in flight and no job: sleep in the kernel until the network has
+    // something, submit() or stop() wakes it, or kIdleWait passes (a message's deadline is checked
+    // that often), rather than poll: a rank blocked in irecv for seconds uses next to no CPU.
+    lock.unlock();
+    while (comm_.poll()) {
+    }
+    comm_.wait_for_activity(kIdleWait);
+    lock.lock();
   }
   std::function<void()> job;
   if (!queue_.empty()) {

@@ -46,7 +46,6 @@ class Executor {
   Comm& comm_;
   std::mutex mutex_;
   std::condition_variable lead_cv_;  // threads waiting to lead
-  std::condition_variable job_cv_;   // the leader waiting for a job while messages are in flight
   std::deque<std::function<void()>> queue_;
   std::vector<std::function<void()>> completions_;  // touched by the leading thread only
   bool leading_ = false;

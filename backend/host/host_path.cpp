@@ -4,6 +4,8 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
 
 #include "backend/checks.h"
@@ -39,12 +41,37 @@ std::function<void(Args...)> timed(std::function<void(Args...)> fn, std::atomic<
   };
 }
 
+// Group ranks on this host (the same host_identity()), each with a pidfd taken now. Collective:
+// every rank publishes its identity and pid.
+std::map<int, Liveness> same_host_peers(c10d::Store& store, int rank, int size) {
+  const std::string mine = host_identity() + "\n" + std::to_string(::getpid());
+  store.set("cnccl/process/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::map<int, Liveness> peers;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    const std::vector<uint8_t> bytes = store.get("cnccl/process/" + std::to_string(peer));
+    const std::string theirs(bytes.begin(), bytes.end());
+    const size_t newline = theirs.rfind('\n');
+    if (theirs.substr(0, newline) != mine.substr(0, mine.rfind('\n'))) continue;
+    peers.emplace(peer, Liveness(std::stoi(theirs.substr(newline + 1))));
+  }
+  return peers;
+}
+
 }  // namespace
 
 HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::string group_name,
                    const Config& config, std::chrono::milliseconds timeout, Stats& stats)
     : c10d::Backend(rank, size), config_(config), timeout_(timeout), stats_(stats) {
   comm_ = std::make_unique<Comm>(std::make_unique<UcxTransport>(store, rank, size), group_name);
+  if (size > 1) {
+    host_peers_ = same_host_peers(*store, rank, size);
+    comm_->watch_peers([this](int peer) -> std::string {
+      const auto it = host_peers_.find(peer);
+      if (it == host_peers_.end() || it->second.alive()) return {};
+      return "its process (pid " + std::to_string(it->second.pid()) + ") exited";
+    });
+  }
   if (size > 1) {
     shm_ = ShmComm::connect(*store, rank, size, group_name, config.shm != ShmMode::kOff, &no_shm_because_);
     TORCH_CHECK(shm_ || config.shm != ShmMode::kOn, "cnccl: CNCCL_SHM=on, but the ranks cannot share memory: ",
@@ -126,6 +153,8 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
     } catch (const std::exception& e) {
       const std::string what = errors::message_of(e);
       if (broken_.empty()) broken_ = what;
+      // The steps hold every tensor the call's messages read or write.
+      comm_->keep_until_quiesced(std::make_shared<std::vector<Step>>(steps));
       auto error = std::make_exception_ptr(errors::backend_error(what + " (" + call.on_failure + ")"));
       executor_->defer([work, error] { work->fail(error); });
     }
@@ -172,7 +201,10 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit_p2p(c10d::OpType type, at::Tenso
   profile_collective(type, {tensor}, "none", work->getFuture());
   executor_->submit([this, work, buffer, tensor, peer, tag, is_send, timeout = timeout_]() mutable {
     auto done = [this, work, buffer, tensor](std::exception_ptr error, int source) mutable {
-      if (error) return executor_->defer([work, error] { work->fail(error); });
+      if (error) {
+        comm_->keep_until_quiesced(std::make_shared<at::Tensor>(buffer));
+        return executor_->defer([work, error] { work->fail(error); });
+      }
       if (!buffer.is_same(tensor)) tensor.copy_(buffer);
       work->set_source_rank(source);
       executor_->defer([work] { work->complete(); });

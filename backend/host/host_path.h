@@ -11,11 +11,13 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "backend/call.h"
 #include "backend/host/algorithms.h"
+#include "backend/host/shm_segment.h"
 #include "backend/stats.h"
 #include "backend/work.h"
 #include "compress/stochastic.h"
@@ -133,6 +135,9 @@ class HostPath final : public c10d::Backend {
   Stats& stats_;
   std::atomic<uint64_t> seq_{0};
   std::atomic<uint64_t> stochastic_seq_{0};
+  // The group's other processes on this host, by group rank: Comm's waits see a death through
+  // their pidfds at once, whatever carries the data.
+  std::map<int, Liveness> host_peers_;
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<ShmComm> shm_;  // this host's ranks; null when they cannot share memory, or CNCCL_SHM=off
   std::unique_ptr<Comm> cross_;   // with shm_ on several hosts: the ranks of this one's local rank, one per host

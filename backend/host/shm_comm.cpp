@@ -2,11 +2,13 @@
 
 #include <c10/util/Exception.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <fstream>
 #include <map>
 #include <cstring>
 #include <random>
@@ -17,6 +19,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backend/host/fault_injection.h"
 #include "backend/signature.h"
 
 namespace cnccl::host {
@@ -95,12 +98,56 @@ struct Announcement {
   std::string identity, reason;
   int pid = -1, fd = -1;
   uint64_t token = 0;
+  std::string cpus;  // the CPUs it may run on (its affinity), as 0/1 characters by CPU number
+  int quota_cpus = 0;  // its cgroup's CPU quota, whole CPUs rounded up; 0 for none
 };
+
+std::string affinity() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return {};
+  std::string cpus(CPU_SETSIZE, '0');
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) cpus[size_t(cpu)] = CPU_ISSET(cpu, &set) ? '1' : '0';
+  return cpus.substr(0, cpus.find_last_of('1') + 1);
+}
+
+// cgroup v2's cpu.max ("<quota> <period>", or "max <period>") of this process's cgroup.
+int quota_cpus() {
+  std::ifstream cgroup("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(cgroup, line)) {
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  }
+  std::ifstream max("/sys/fs/cgroup" + path + "/cpu.max");
+  std::string quota;
+  long long period = 0;
+  if (!(max >> quota >> period) || quota == "max" || period <= 0) return 0;
+  return int((std::stoll(quota) + period - 1) / period);
+}
+
+// Whether the host's ranks outnumber the CPUs they may run on: the union of their affinities,
+// and at most the smallest cgroup quota among them. Then a spinning waiter holds a CPU the rank it
+// waits for needs. (Each rank's own affinity alone would say ranks pinned one per CPU share.)
+bool oversubscribed(const std::vector<Announcement>& local) {
+  std::string all;
+  int quota = 0;
+  for (const auto& a : local) {
+    if (a.cpus.size() > all.size()) all.resize(a.cpus.size(), '0');
+    for (size_t cpu = 0; cpu < a.cpus.size(); ++cpu) {
+      if (a.cpus[cpu] == '1') all[cpu] = '1';
+    }
+    if (a.quota_cpus > 0) quota = quota ? std::min(quota, a.quota_cpus) : a.quota_cpus;
+  }
+  int cpus = int(std::count(all.begin(), all.end(), '1'));
+  if (cpus == 0) cpus = int(std::thread::hardware_concurrency());
+  if (quota > 0) cpus = std::min(cpus, quota);
+  return cpus < int(local.size());
+}
 
 std::string encode(const Announcement& a) {
   std::ostringstream out;
   out << (a.ok ? "ok" : "no") << "\n" << a.identity << "\n" << a.pid << " " << a.fd << " " << a.token << "\n"
-      << a.reason;
+      << a.cpus << " " << a.quota_cpus << "\n" << a.reason;
   return out.str();
 }
 
@@ -113,6 +160,10 @@ Announcement decode(const std::string& text) {
   std::getline(in, a.identity);
   in >> a.pid >> a.fd >> a.token;
   in.ignore();
+  std::string cpus_line;
+  std::getline(in, cpus_line);
+  std::istringstream cpus(cpus_line);
+  cpus >> a.cpus >> a.quota_cpus;
   std::getline(in, a.reason);
   return a;
 }
@@ -129,6 +180,8 @@ std::unique_ptr<ShmComm> ShmComm::connect(c10d::Store& store, int rank, int size
   mine.pid = ::getpid();
   mine.token = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
   mine.reason = enabled ? "" : "off on rank " + std::to_string(rank) + " (CNCCL_SHM / Options.shm)";
+  mine.cpus = affinity();
+  mine.quota_cpus = quota_cpus();
   if (enabled) {
     try {
       own = Segment::create(kSegmentBytes);
@@ -197,18 +250,19 @@ std::unique_ptr<ShmComm> ShmComm::connect(c10d::Store& store, int rank, int size
   // as long as its mappings, so no exit of any kind leaves it behind.
   own.close_fd();
   segments[local_rank] = std::move(own);
+  std::vector<Announcement> on_this_host;
+  for (int r : local) on_this_host.push_back(all[r]);
+  const auto spin = oversubscribed(on_this_host) ? std::chrono::microseconds(0) : kSpin;
   return std::unique_ptr<ShmComm>(new ShmComm(local_rank, int(local.size()), std::move(group_name), std::move(segments),
-                                              std::move(peers), std::move(hosts), host));
+                                              std::move(peers), std::move(hosts), host, spin));
 }
 
 ShmComm::ShmComm(int rank, int size, std::string group_name, std::vector<Segment> segments,
-                 std::vector<Liveness> peers, std::vector<std::vector<int>> hosts, int host)
+                 std::vector<Liveness> peers, std::vector<std::vector<int>> hosts, int host,
+                 std::chrono::microseconds spin)
     : rank_(rank), size_(size), group_name_(std::move(group_name)), segments_(std::move(segments)),
-      peers_(std::move(peers)), hosts_(std::move(hosts)), host_(host) {
-  // With more ranks than the host has cores a spinning waiter holds the core the rank it waits for
-  // needs. (Not this process's affinity mask: ranks pinned one per core may spin.)
-  const bool oversubscribed = int(std::thread::hardware_concurrency()) < size;
-  spin_ = oversubscribed ? std::chrono::microseconds(0) : kSpin;
+      peers_(std::move(peers)), hosts_(std::move(hosts)), host_(host), spin_(spin) {
+  kill_at_posted_step_ = fault_injection::kill_at(fault_injection::kShmStep, global_rank(rank));
 }
 
 size_t ShmComm::piece_elements(int ranks, size_t elem) {
@@ -261,6 +315,7 @@ void ShmComm::post(Counter counter, uint64_t step) {
     signature_pending_ = false;
   }
   own.counters[counter].value.store(step, std::memory_order_seq_cst);
+  if (counter == kPosted) fault_injection::count(posted_steps_, kill_at_posted_step_);
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_ && control(peer).sleeping.value.load(std::memory_order_seq_cst)) {
       futex_wake(own.counters[counter].value);
@@ -292,11 +347,15 @@ void ShmComm::wait_one(int peer, Counter counter, uint64_t step) {
       std::lock_guard<std::mutex> lock(abort_mutex_);
       fail(abort_reason_, -1);
     }
-    // Any dead peer, not only the awaited one: the others may be waiting on it too.
+    // Any dead peer, not only the awaited one, since the awaited one may be waiting on it; but only
+    // one that had not reached this point itself: what it posted before it died stays readable (the
+    // segment lives as long as its mappings), so a peer that posted everything and left (a reduce's
+    // non-root) fails nothing.
     for (int other = 0; other < size_; ++other) {
       if (other == rank_ || peers_[other].alive()) continue;
+      if (control(other).counters[counter].value.load(std::memory_order_acquire) >= step) continue;
       fail("rank " + std::to_string(global_rank(other)) + " (pid " + std::to_string(peers_[other].pid()) +
-               ") exited during the collective; no data from it was used",
+               ") exited before it reached this step of the collective",
            other);
     }
     const auto now = Clock::now();

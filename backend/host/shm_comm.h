@@ -76,7 +76,7 @@ class ShmComm {
  private:
   struct Control;
   ShmComm(int rank, int size, std::string group_name, std::vector<Segment> segments, std::vector<Liveness> peers,
-          std::vector<std::vector<int>> hosts, int host);
+          std::vector<std::vector<int>> hosts, int host, std::chrono::microseconds spin);
   int global_rank(int local) const { return hosts_[host_][local]; }
 
   Control& control(int rank) const;
@@ -103,6 +103,7 @@ class ShmComm {
   std::mutex abort_mutex_;
   std::atomic<bool> aborted_{false};
   std::atomic<uint64_t> published_{0};
+  uint64_t posted_steps_ = 0, kill_at_posted_step_ = 0;  // fault_injection.h
   std::string abort_reason_;
 };
 

@@ -32,17 +32,26 @@ class Transport {
   virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // `data` must stay valid until the request is done (or the transport is destroyed).
+  // `data` must stay valid until the request is done (or the transport is quiesced).
   virtual std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) = 0;
   // Matches a message whose tag equals `tag` on the bits set in `mask`; peer < 0 means any peer.
   virtual std::unique_ptr<Request> irecv(int peer, uint64_t tag, uint64_t mask, void* data, size_t bytes) = 0;
   // Advances communication; returns true if anything happened.
   virtual bool progress() = 0;
-  // Sleeps until the network may have something for progress(), or `limit` has passed; may return
-  // early. Call it only after progress() returned false.
+  // Sleeps until the network may have something for progress(), wake() is called, or `limit` has
+  // passed; may return early. Call it only after progress() returned false.
   virtual void wait_for_activity(std::chrono::microseconds limit) = 0;
+  // Ends a wait_for_activity() in progress, or the next one. Any thread may call it.
+  virtual void wake() {}
   // Payload bytes handed to isend since creation (the wire traffic this rank originated).
   virtual uint64_t bytes_sent() const = 0;
+  // Why messages to and from `peer` can no longer complete (its process died, its connection
+  // broke), or "" while it can. A receive from a failed peer never completes by itself.
+  virtual std::string peer_failure(int /*peer*/) const { return {}; }
+  // Ends every operation still in flight, as a failed collective leaves them: afterwards the
+  // transport writes into no buffer and reads from none, and each request is done. Call it before
+  // destroying the requests (and the buffers they use), then destroy the transport.
+  virtual void quiesce() {}
   virtual std::string describe() const = 0;
 };
 

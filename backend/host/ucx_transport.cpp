@@ -10,6 +10,8 @@
 #include <mutex>
 #include <thread>
 
+#include "backend/host/fault_injection.h"
+
 namespace cnccl::host {
 namespace {
 
@@ -28,13 +30,27 @@ std::shared_ptr<ucp_context> shared_context() {
   if (auto ctx = weak.lock()) return ctx;
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "config read");
-  // Every group has its own worker, and UCX's shared-memory transports (posix and sysv) each give
-  // a worker 512 receive buffers of 8 KiB up front: 6 MiB of shared and 3 MiB of private memory a
-  // rank per group. Pools of 64 grow on demand just the same (UCX_*_RX_MAX_BUFS is unlimited);
-  // bench/group_memory.py measures what a group costs. A user's own setting wins.
-  if (!std::getenv("UCX_MM_RX_BUFS_GROW") && !std::getenv("UCX_POSIX_RX_BUFS_GROW") &&
-      !std::getenv("UCX_SYSV_RX_BUFS_GROW")) {
-    ucp_config_modify(config, "MM_RX_BUFS_GROW", "64");
+  // Defaults of cnccl's own, each unless the user set it (UCX_<key>, or for MM_ keys also
+  // UCX_POSIX_/UCX_SYSV_). Every group has its own worker, and UCX's shared-memory transports (posix
+  // and sysv) each give a worker 512 receive buffers of 8 KiB up front: 6 MiB of shared and 3 MiB
+  // of private memory a rank per group. Pools of 64 grow on demand just the same
+  // (UCX_*_RX_MAX_BUFS is unlimited); bench/group_memory.py measures what a group costs.
+  // Peer error handling (UcxTransport's endpoints) on one host: UCX's shared-memory transports
+  // join it only with their error handling on, else everything between two processes of one host
+  // would go over TCP loopback. CMA stays out either way (it cannot invalidate a registration),
+  // so rendezvous data moves as fragments through the shared-memory FIFO. Keepalive every second
+  // fails the messages of a peer that died within about that, instead of at the group's timeout.
+  const std::pair<const char*, const char*> defaults[] = {
+      {"MM_RX_BUFS_GROW", "64"}, {"MM_ERROR_HANDLING", "y"}, {"KEEPALIVE_INTERVAL", "1s"}};
+  const char* mm_variants[] = {"MM_", "POSIX_", "SYSV_"};
+  for (const auto& [key, value] : defaults) {
+    bool user_set = std::getenv((std::string("UCX_") + key).c_str()) != nullptr;
+    if (std::string(key).rfind("MM_", 0) == 0) {
+      for (const char* variant : mm_variants) {
+        user_set = user_set || std::getenv((std::string("UCX_") + variant + (key + 3)).c_str()) != nullptr;
+      }
+    }
+    if (!user_set) ucp_config_modify(config, key, value);
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
@@ -101,6 +117,28 @@ class UcxRequest final : public Request {
   std::unique_ptr<Completion> completion_;
 };
 
+void on_peer_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* peer = static_cast<UcxTransport::Peer*>(arg);
+  if (peer->failure.empty()) peer->failure = ucs_status_string(status);
+}
+
+// Progresses `worker` until none of `requests` is in progress, or `limit` has passed; frees them.
+void progress_until_done(ucp_worker_h worker, std::vector<void*>& requests, std::chrono::seconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  auto pending = [&] {
+    for (void* r : requests) {
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) return true;
+    }
+    return false;
+  };
+  while (pending() && std::chrono::steady_clock::now() < until) {
+    // A peer that is gone answers nothing: sleep between rounds rather than spin out the limit.
+    if (!ucp_worker_progress(worker)) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  for (void* r : requests) ucp_request_free(r);
+  requests.clear();
+}
+
 std::unique_ptr<Request> wrap(ucp_worker_h worker, ucs_status_ptr_t handle, std::unique_ptr<Completion> c,
                               const char* what) {
   if (UCS_PTR_IS_ERR(handle)) {
@@ -113,7 +151,10 @@ std::unique_ptr<Request> wrap(ucp_worker_h worker, ucs_status_ptr_t handle, std:
 }  // namespace
 
 UcxTransport::UcxTransport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size)
-    : rank_(rank), size_(size), context_(shared_context()) {
+    : rank_(rank),
+      size_(size),
+      context_(shared_context()),
+      kill_at_large_send_(fault_injection::kill_at(fault_injection::kLargeSend, rank)) {
   ucp_worker_params_t wparams{};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
@@ -127,15 +168,18 @@ UcxTransport::UcxTransport(const c10::intrusive_ptr<c10d::Store>& store, int ran
   store->set("cnccl/ucx/" + std::to_string(rank), std::vector<uint8_t>(bytes, bytes + address_length));
   ucp_worker_release_address(worker_, address);
 
-  endpoints_.assign(size, nullptr);
+  for (int peer = 0; peer < size; ++peer) peers_.push_back(std::make_unique<Peer>());
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     const std::vector<uint8_t> remote = store->get("cnccl/ucx/" + std::to_string(peer));
     ucp_ep_params_t eparams{};
-    eparams.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    eparams.field_mask =
+        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     eparams.address = reinterpret_cast<const ucp_address_t*>(remote.data());
-    eparams.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    check_ucs(ucp_ep_create(worker_, &eparams, &endpoints_[peer]), "endpoint create");
+    eparams.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    eparams.err_handler.cb = on_peer_error;
+    eparams.err_handler.arg = peers_[peer].get();
+    check_ucs(ucp_ep_create(worker_, &eparams, &peers_[peer]->ep), "endpoint create");
   }
   // No rank leaves before every rank has connected: a group created and destroyed at once would
   // otherwise tear down a worker a slower peer is still connecting to.
@@ -146,41 +190,51 @@ UcxTransport::UcxTransport(const c10::intrusive_ptr<c10d::Store>& store, int ran
 }
 
 UcxTransport::~UcxTransport() {
-  // Let operations a failed collective left behind (a rendezvous read in flight) finish first:
-  // UCX asserts if the worker goes while its transports still queue them. Bounded: a peer may be gone.
-  const auto drain_until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  for (int idle = 0; idle < 1000 && std::chrono::steady_clock::now() < drain_until;) {
-    idle = ucp_worker_progress(worker_) ? 0 : idle + 1;
-  }
-  for (ucp_ep_h ep : endpoints_) {
-    if (!ep) continue;
-    // Forced close: never blocks on a peer that is gone.
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &param);
-    if (UCS_PTR_IS_PTR(req)) {
-      // The close must finish before the worker goes: destroying a worker whose endpoints still
-      // hold queued sends (a failed collective's) trips UCX's own assertions.
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      while (ucp_request_check_status(req) == UCS_INPROGRESS && std::chrono::steady_clock::now() < until) {
-        ucp_worker_progress(worker_);
-      }
-      ucp_request_free(req);
-    }
-  }
+  quiesce();
   if (worker_) ucp_worker_destroy(worker_);
 }
 
+void UcxTransport::quiesce() {
+  if (quiesced_ || !worker_) return;
+  quiesced_ = true;
+  // Forced closes discard every endpoint's queued and in-flight operations (their requests end
+  // as cancelled) without waiting on a peer that may be gone; the worker's flush completes once
+  // the discards have. Only then may buffers go and the worker be destroyed: UCX asserts on a
+  // worker destroyed with operations still queued, and a transfer left running writes on.
+  std::vector<void*> requests;
+  for (auto& peer : peers_) {
+    if (!peer->ep) continue;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    const ucs_status_ptr_t closing = ucp_ep_close_nbx(peer->ep, &param);
+    if (UCS_PTR_IS_PTR(closing)) requests.push_back(closing);
+    peer->ep = nullptr;
+  }
+  progress_until_done(worker_, requests, std::chrono::seconds(5));
+  ucp_request_param_t param{};
+  const ucs_status_ptr_t flushing = ucp_worker_flush_nbx(worker_, &param);
+  if (UCS_PTR_IS_PTR(flushing)) requests.push_back(flushing);
+  progress_until_done(worker_, requests, std::chrono::seconds(5));
+}
+
+std::string UcxTransport::peer_failure(int peer) const {
+  if (peer < 0 || peer >= size_ || peer == rank_) return {};
+  return peers_[peer]->failure;
+}
+
 std::unique_ptr<Request> UcxTransport::isend(int peer, uint64_t tag, const void* data, size_t bytes) {
+  TORCH_CHECK(!quiesced_, "cnccl: a send on a UCX transport that was quiesced");
   auto completion = std::make_unique<Completion>();
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   param.cb.send = on_send;
   param.user_data = completion.get();
   bytes_sent_ += bytes;
-  return wrap(worker_, ucp_tag_send_nbx(endpoints_.at(peer), data, bytes, tag, &param), std::move(completion),
-              "tag send");
+  auto request = wrap(worker_, ucp_tag_send_nbx(peers_.at(peer)->ep, data, bytes, tag, &param),
+                      std::move(completion), "tag send");
+  if (bytes >= fault_injection::kLargeSendBytes) fault_injection::count(large_sends_, kill_at_large_send_);
+  return request;
 }
 
 std::unique_ptr<Request> UcxTransport::irecv(int /*peer*/, uint64_t tag, uint64_t mask, void* data, size_t bytes) {
@@ -207,6 +261,9 @@ void UcxTransport::wait_for_activity(std::chrono::microseconds limit) {
   const timespec timeout{time_t(ns / 1000000000), long(ns % 1000000000)};
   ppoll(&fd, 1, &timeout, nullptr);
 }
+
+// UCX documents ucp_worker_signal as safe from any thread, whatever the worker's thread mode.
+void UcxTransport::wake() { ucp_worker_signal(worker_); }
 
 std::string UcxTransport::describe() const {
   return "UCX " + std::string(ucp_get_version_string()) + " rank " + std::to_string(rank_) + "/" +

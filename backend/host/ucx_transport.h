@@ -1,11 +1,15 @@
 // Transport over UCX's ucp tag API. Worker addresses are exchanged through the c10d Store of the
-// group; one endpoint per peer. Error handling mode is NONE (shared memory in UCX 1.13 cannot do
-// PEER mode), so dead peers are detected by the caller's timeouts, not by UCX.
+// group; one endpoint per peer. Endpoints use peer error handling (UCP_ERR_HANDLING_MODE_PEER with
+// a callback), so that a peer that dies fails this rank's messages instead of aborting the process:
+// with no callback, UCX 1.13 calls ucs_fatal when a CMA read finds its peer gone. That mode also
+// makes UCX choose transports that can report a failure (docs/design.md, "Two paths").
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <ucp/api/ucp.h>
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/host/transport.h"
@@ -25,8 +29,17 @@ class UcxTransport final : public Transport {
   std::unique_ptr<Request> irecv(int peer, uint64_t tag, uint64_t mask, void* data, size_t bytes) override;
   bool progress() override;
   void wait_for_activity(std::chrono::microseconds limit) override;
+  void wake() override;
   uint64_t bytes_sent() const override { return bytes_sent_; }
   std::string describe() const override;
+  std::string peer_failure(int peer) const override;
+  void quiesce() override;
+
+  // What UCX's error callback for one endpoint writes into (on the thread that progresses).
+  struct Peer {
+    ucp_ep_h ep = nullptr;
+    std::string failure;
+  };
 
  private:
   int rank_;
@@ -34,8 +47,10 @@ class UcxTransport final : public Transport {
   std::shared_ptr<ucp_context> context_;
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;  // readable when the worker has events; -1 if UCX offers none
-  std::vector<ucp_ep_h> endpoints_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // by rank; the callback holds their addresses
+  bool quiesced_ = false;
   uint64_t bytes_sent_ = 0;
+  uint64_t large_sends_ = 0, kill_at_large_send_ = 0;  // fault_injection.h
 };
 
 }  // namespace cnccl::host

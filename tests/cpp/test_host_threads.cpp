@@ -1,7 +1,9 @@
 // The host path's threading, in one process: each rank is a thread with its own group (UCX worker,
 // executor thread) over one HashStore. Collectives are issued by the rank's thread and waited on
 // by another, many in flight; a future's callback runs collectives of its own; abort() comes
-// from a third thread. Built and run under ThreadSanitizer and AddressSanitizer by .ci/sanitize.sh.
+// from a third thread; groups are destroyed with messages in flight. Every case runs over UCX
+// alone (CNCCL_SHM=off) and through shared memory. Built and run under ThreadSanitizer and
+// AddressSanitizer by .ci/sanitize.sh.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -17,27 +19,32 @@ namespace {
 
 using Group = c10::intrusive_ptr<cnccl::ProcessGroupCNCCL>;
 
-template <typename Fn>
-void on_ranks(int world, Fn fn) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::thread> ranks;
-  std::vector<std::string> errors(world);
-  for (int r = 0; r < world; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        auto options = c10::make_intrusive<cnccl::Options>(std::chrono::seconds(60));
-        options->min_bytes = 0;
-        fn(r, c10::make_intrusive<cnccl::ProcessGroupCNCCL>(store, r, world, options));
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
+// The groups' data path: "ucx" (shared memory off) or "shm" (on, and required).
+class HostThreads : public ::testing::TestWithParam<std::string> {
+ protected:
+  template <typename Fn>
+  void on_ranks(int world, Fn fn) {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    std::vector<std::thread> ranks;
+    std::vector<std::string> errors(world);
+    for (int r = 0; r < world; ++r) {
+      ranks.emplace_back([&, r] {
+        try {
+          auto options = c10::make_intrusive<cnccl::Options>(std::chrono::seconds(60));
+          options->min_bytes = 0;
+          options->shm = GetParam() == "ucx" ? "off" : "on";
+          fn(r, c10::make_intrusive<cnccl::ProcessGroupCNCCL>(store, r, world, options));
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   }
-  for (auto& t : ranks) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
+};
 
-TEST(HostThreads, ManyCollectivesInFlightWaitedFromAnotherThread) {
+TEST_P(HostThreads, ManyCollectivesInFlightWaitedFromAnotherThread) {
   constexpr int kWorld = 3, kOps = 200;
   on_ranks(kWorld, [](int rank, Group pg) {
     std::mutex mutex;
@@ -72,7 +79,7 @@ TEST(HostThreads, ManyCollectivesInFlightWaitedFromAnotherThread) {
   });
 }
 
-TEST(HostThreads, FutureCallbackRunsACollectiveAndWaitsForIt) {
+TEST_P(HostThreads, FutureCallbackRunsACollectiveAndWaitsForIt) {
   // PowerSGD's pattern, nested twice: each callback allreduces on the same group and waits.
   constexpr int kWorld = 2;
   // Rank 1 starts its first allreduce only once rank 0 has attached its callback, so rank 0's
@@ -109,7 +116,7 @@ TEST(HostThreads, FutureCallbackRunsACollectiveAndWaitsForIt) {
   EXPECT_FALSE(completed_before_attach.load()) << "rank 0's work completed before its callback was attached";
 }
 
-TEST(HostThreads, TheLastReferenceDroppedInACallbackShutsTheGroupDownOnItsOwnThread) {
+TEST_P(HostThreads, TheLastReferenceDroppedInACallbackShutsTheGroupDownOnItsOwnThread) {
   // The group's executor thread runs the callback, and then destroys the callback and with it
   // the group: it must stop its executor without joining itself (that aborted the process).
   std::atomic<bool> attached{false};
@@ -127,10 +134,13 @@ TEST(HostThreads, TheLastReferenceDroppedInACallbackShutsTheGroupDownOnItsOwnThr
     future->wait();
     EXPECT_TRUE(at::equal(t[0], at::full_like(t[0], 2.0)));
   });
+  // wait() returns once the future completes; its callbacks then run on the executor's thread.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!ran->load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
   EXPECT_TRUE(ran->load());
 }
 
-TEST(HostThreads, AbortFromAnotherThreadEndsOutstandingWork) {
+TEST_P(HostThreads, AbortFromAnotherThreadEndsOutstandingWork) {
   on_ranks(2, [](int rank, Group pg) {
     if (rank == 1) return;  // never joins: rank 0's work can only end by abort()
     std::vector<at::Tensor> tensors{at::ones({1024})};
@@ -148,5 +158,37 @@ TEST(HostThreads, AbortFromAnotherThreadEndsOutstandingWork) {
     EXPECT_TRUE(at::equal(tensors[0], at::ones({1024}))) << "an aborted collective changed the caller's tensor";
   });
 }
+
+// A failed collective's messages may still be moving when the caller frees its tensors and then
+// destroys the group: UCX must write into none of the freed buffers (the caller's tensors, the
+// group's workspace) nor read them. Three ranks, 64 MiB allreduces and a 48 MiB allgather into the
+// caller's tensor, all aborted at once after a delay that lands before, during and after the
+// transfers; the caller's tensors go first, then the group. AddressSanitizer sees any write.
+TEST_P(HostThreads, AGroupAbortedWithMessagesInFlightWritesIntoNothingFreed) {
+  for (int delay_ms : {0, 3, 12, 40}) {
+    on_ranks(3, [delay_ms](int rank, Group pg) {
+      std::vector<at::Tensor> big{at::full({int64_t(1) << 24}, float(rank))};
+      at::Tensor gathered = at::empty({3 << 22}), mine = at::full({int64_t(1) << 22}, float(rank));
+      std::vector<c10::intrusive_ptr<c10d::Work>> works{pg->allreduce(big), pg->_allgather_base(gathered, mine),
+                                                        pg->allreduce(big)};
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      pg->abort();
+      for (auto& work : works) {
+        try {
+          work->wait();
+        } catch (const c10::DistBackendError&) {
+        }
+      }
+      works.clear();
+      big.clear();
+      gathered.reset();
+      mine.reset();
+      pg.reset();  // the last reference: the group is destroyed here
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, HostThreads, ::testing::Values("ucx", "shm"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -124,10 +124,11 @@ def uncompressed_reductions_apply_the_op_in_rank_order(ctx):
         lo = i.clone()
         dist.all_reduce(lo, op=R.MIN, group=ctx.groups["none"])
         assert torch.equal(lo, torch.stack(ctx.all_inputs(i)).min(0).values)
-        root = n % ctx.world
-        r = x.clone()
-        dist.reduce(r, root, group=ctx.groups["none"])
-        assert torch.equal(r, want if ctx.rank == root else x), f"reduce n={n}"
+        # Every root where the reduce takes several chunks; one that moves with n elsewhere.
+        for root in range(ctx.world) if n > 1_000_000 else [n % ctx.world]:
+            r = x.clone()
+            dist.reduce(r, root, group=ctx.groups["none"])
+            assert torch.equal(r, want if ctx.rank == root else x), f"reduce n={n} root {root}"
 
 
 @case

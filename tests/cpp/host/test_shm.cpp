@@ -6,12 +6,15 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -270,6 +273,68 @@ TEST(ShmSegment, OpeningRefusesAnUnsealedFileAnotherFileOrAnotherSize) {
   EXPECT_NE(refusal(own.fd(), 2 << 20).find("not the segment announced"), std::string::npos);
   ::close(unsealed);
   ::close(other);
+}
+
+// What a rank posted stays readable after it exits (its segment lives as long as the mappings), so a
+// peer that had posted everything a step needs and left, as a reduce's non-root does, fails nothing;
+// a peer that exits before posting still fails the wait at once. Ranks are processes here (a death
+// is seen through a pidfd); rank 1 posts its result late, so rank 0 is waiting when rank 2 is gone.
+TEST(Shm, APeerThatExitedAfterPostingEverythingFailsNothing) {
+  char path[] = "/tmp/cnccl-test-store-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  ::unlink(path);
+  auto rank_main = [&](int r) -> int {
+    auto store = c10::make_intrusive<c10d::FileStore>(path, 3);
+    std::string why;
+    auto shm = ShmComm::connect(*store, r, 3, "processes", true, &why);
+    if (!shm) return 10;
+    try {
+      shm->begin("reduce", 0, std::chrono::seconds(20), "same");
+      const uint64_t step = shm->acquire();
+      shm->post(ShmComm::kPosted, step);
+      shm->wait_all(ShmComm::kPosted, step);
+      if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      shm->post(ShmComm::kReduced, step);
+      shm->post(ShmComm::kReleased, step);
+      if (r == 2) return 0;  // a non-root leaves once it has posted
+      if (r == 1) {  // stays until rank 0 is done, so that only rank 2 is gone
+        store->wait({"done"});
+        return 0;
+      }
+      shm->wait_all(ShmComm::kReduced, step);  // rank 2 exited by now, rank 1 has yet to post
+      // The next step needs rank 2, which is gone without posting it: that fails, at once.
+      const auto start = std::chrono::steady_clock::now();
+      int code = 20;
+      try {
+        shm->post(ShmComm::kPosted, shm->acquire());
+        shm->wait_all(ShmComm::kPosted, step + 1);
+      } catch (const c10::DistBackendError& e) {
+        const bool named = std::string(e.what()).find("rank 2 (pid") != std::string::npos;
+        code = named && std::chrono::steady_clock::now() - start < std::chrono::seconds(5) ? 0 : 21;
+      }
+      store->set("done", std::vector<uint8_t>{1});
+      return code;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+      return 30;
+    }
+  };
+  std::vector<pid_t> children;
+  for (int r = 0; r < 3; ++r) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) ::_exit(rank_main(r));
+    children.push_back(pid);
+  }
+  for (int r = 0; r < 3; ++r) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(children[r], &status, 0), children[r]);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << r << ": status " << status << " (20: no error, 21: wrong or late error, 30: a wait failed)";
+  }
+  ::unlink(path);
 }
 
 TEST(Shm, ARankThatNeverArrivesFailsTheOthersAtTheirDeadline) {
