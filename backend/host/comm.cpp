@@ -88,7 +88,12 @@ void Comm::notify_peers(const std::string& what) {
   what.copy(notice_out_.data(), notice_out_.size() - 1);
   const uint64_t tag = tags::notice(rank());
   for (int peer = 0; peer < size(); ++peer) {
-    if (peer != rank()) notice_sends_.push_back(transport_->isend(peer, tag, notice_out_.data(), notice_out_.size()));
+    if (peer == rank()) continue;
+    // A peer whose connection failed must not hide the disagreement from the others.
+    try {
+      notice_sends_.push_back(transport_->isend(peer, tag, notice_out_.data(), notice_out_.size()));
+    } catch (const std::exception&) {
+    }
   }
   // Push the notices out now: once this collective has failed, nothing progresses this group's
   // transport again. Bounded, since a peer may be gone.
@@ -240,7 +245,10 @@ bool Comm::poll() {
       if (it->pending.is_recv) source = tags::source_of(it->pending.request->sender_tag());
     } else if (aborted_) {
       problem = it->what + " aborted: " + abort_reason_;
-    } else if (const std::string failure = peer_failure(it->pending.peer); !failure.empty()) {
+    } else if (const std::string failure = progressed ? std::string() : peer_failure(it->pending.peer);
+               !failure.empty()) {
+      // Only once progress found nothing more: the rest of a message a peer sent before it
+      // exited may still be arriving.
       problem = it->what + " failed: " + failure;
     } else if (now > it->deadline) {
       problem = it->what + " timed out; the peer may have died or not posted the matching operation";

@@ -86,7 +86,7 @@ class Comm {
   bool aborted() const { return aborted_.load(); }
 
   // Asks `exited(peer)` ("" while the peer lives) whenever a wait is idle, besides the transport's
-  // own view: on one host a pidfd sees a death at once, where UCX needs a keepalive round.
+  // own view: on one host a pidfd sees a death at once, where UCX may not see it at all.
   void watch_peers(std::function<std::string(int peer)> exited) { exited_ = std::move(exited); }
 
   // Keeps `owner` (a failed collective's tensors) alive until the transport has been quiesced: a

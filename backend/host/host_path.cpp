@@ -134,6 +134,7 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
   auto work = c10::make_intrusive<HostWork>(rank_, call.type, seq, call.outputs);
   profile_collective(call.type, call.outputs, call.wire(), work->getFuture());
   executor_->submit([this, work, seq, call = std::move(call), steps = std::move(steps)] {
+    const bool posts = broken_.empty();  // a broken group fails the call before any message
     try {
       if (!broken_.empty()) {
         throw errors::backend_error(std::string("cnccl ") + call.name + " (seq " + std::to_string(seq) +
@@ -154,7 +155,7 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
       const std::string what = errors::message_of(e);
       if (broken_.empty()) broken_ = what;
       // The steps hold every tensor the call's messages read or write.
-      comm_->keep_until_quiesced(std::make_shared<std::vector<Step>>(steps));
+      if (posts) comm_->keep_until_quiesced(std::make_shared<std::vector<Step>>(steps));
       auto error = std::make_exception_ptr(errors::backend_error(what + " (" + call.on_failure + ")"));
       executor_->defer([work, error] { work->fail(error); });
     }

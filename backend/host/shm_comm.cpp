@@ -147,7 +147,7 @@ bool oversubscribed(const std::vector<Announcement>& local) {
 std::string encode(const Announcement& a) {
   std::ostringstream out;
   out << (a.ok ? "ok" : "no") << "\n" << a.identity << "\n" << a.pid << " " << a.fd << " " << a.token << "\n"
-      << a.cpus << " " << a.quota_cpus << "\n" << a.reason;
+      << (a.cpus.empty() ? "-" : a.cpus) << " " << a.quota_cpus << "\n" << a.reason;
   return out.str();
 }
 
@@ -164,6 +164,7 @@ Announcement decode(const std::string& text) {
   std::getline(in, cpus_line);
   std::istringstream cpus(cpus_line);
   cpus >> a.cpus >> a.quota_cpus;
+  if (a.cpus == "-") a.cpus.clear();  // unknown
   std::getline(in, a.reason);
   return a;
 }

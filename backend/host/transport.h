@@ -48,9 +48,9 @@ class Transport {
   // Why messages to and from `peer` can no longer complete (its process died, its connection
   // broke), or "" while it can. A receive from a failed peer never completes by itself.
   virtual std::string peer_failure(int /*peer*/) const { return {}; }
-  // Ends every operation still in flight, as a failed collective leaves them: afterwards the
-  // transport writes into no buffer and reads from none, and each request is done. Call it before
-  // destroying the requests (and the buffers they use), then destroy the transport.
+  // Pushes out what is queued, then ends what a failed collective left in flight, as far as the
+  // transport can; receives still posted end when their requests are destroyed. Call it before
+  // destroying the requests, then destroy the transport, and only then the buffers they used.
   virtual void quiesce() {}
   virtual std::string describe() const = 0;
 };

@@ -30,27 +30,13 @@ std::shared_ptr<ucp_context> shared_context() {
   if (auto ctx = weak.lock()) return ctx;
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "config read");
-  // Defaults of cnccl's own, each unless the user set it (UCX_<key>, or for MM_ keys also
-  // UCX_POSIX_/UCX_SYSV_). Every group has its own worker, and UCX's shared-memory transports (posix
-  // and sysv) each give a worker 512 receive buffers of 8 KiB up front: 6 MiB of shared and 3 MiB
-  // of private memory a rank per group. Pools of 64 grow on demand just the same
-  // (UCX_*_RX_MAX_BUFS is unlimited); bench/group_memory.py measures what a group costs.
-  // Peer error handling (UcxTransport's endpoints) on one host: UCX's shared-memory transports
-  // join it only with their error handling on, else everything between two processes of one host
-  // would go over TCP loopback. CMA stays out either way (it cannot invalidate a registration),
-  // so rendezvous data moves as fragments through the shared-memory FIFO. Keepalive every second
-  // fails the messages of a peer that died within about that, instead of at the group's timeout.
-  const std::pair<const char*, const char*> defaults[] = {
-      {"MM_RX_BUFS_GROW", "64"}, {"MM_ERROR_HANDLING", "y"}, {"KEEPALIVE_INTERVAL", "1s"}};
-  const char* mm_variants[] = {"MM_", "POSIX_", "SYSV_"};
-  for (const auto& [key, value] : defaults) {
-    bool user_set = std::getenv((std::string("UCX_") + key).c_str()) != nullptr;
-    if (std::string(key).rfind("MM_", 0) == 0) {
-      for (const char* variant : mm_variants) {
-        user_set = user_set || std::getenv((std::string("UCX_") + variant + (key + 3)).c_str()) != nullptr;
-      }
-    }
-    if (!user_set) ucp_config_modify(config, key, value);
+  // Every group has its own worker, and UCX's shared-memory transports (posix and sysv) each give
+  // a worker 512 receive buffers of 8 KiB up front: 6 MiB of shared and 3 MiB of private memory a
+  // rank per group. Pools of 64 grow on demand just the same (UCX_*_RX_MAX_BUFS is unlimited);
+  // bench/group_memory.py measures what a group costs. A user's own setting wins.
+  if (!std::getenv("UCX_MM_RX_BUFS_GROW") && !std::getenv("UCX_POSIX_RX_BUFS_GROW") &&
+      !std::getenv("UCX_SYSV_RX_BUFS_GROW")) {
+    ucp_config_modify(config, "MM_RX_BUFS_GROW", "64");
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
@@ -176,7 +162,11 @@ UcxTransport::UcxTransport(const c10::intrusive_ptr<c10d::Store>& store, int ran
     eparams.field_mask =
         UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     eparams.address = reinterpret_cast<const ucp_address_t*>(remote.data());
-    eparams.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    // Mode NONE keeps UCX's fastest transports on one host (CMA, which PEER mode excludes); the
+    // callback alone keeps a failure from being fatal (ucp_ep.c, ucp_ep_set_failed, UCX 1.13.1).
+    // PEER mode tripped UCX's own assertion on remote endpoint ids (ucp_ep.inl) when a peer tore
+    // its group down after a disagreement.
+    eparams.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     eparams.err_handler.cb = on_peer_error;
     eparams.err_handler.arg = peers_[peer].get();
     check_ucs(ucp_ep_create(worker_, &eparams, &peers_[peer]->ep), "endpoint create");
@@ -197,11 +187,19 @@ UcxTransport::~UcxTransport() {
 void UcxTransport::quiesce() {
   if (quiesced_ || !worker_) return;
   quiesced_ = true;
-  // Forced closes discard every endpoint's queued and in-flight operations (their requests end
-  // as cancelled) without waiting on a peer that may be gone; the worker's flush completes once
-  // the discards have. Only then may buffers go and the worker be destroyed: UCX asserts on a
-  // worker destroyed with operations still queued, and a transfer left running writes on.
+  // A send reported complete may still sit in a transport's queue (the last message of a collective
+  // that succeeded, a rendezvous acknowledgement): a flush pushes it out first, bounded since a
+  // peer may be gone. Then forced closes, where UCX takes them, discard what is left without
+  // waiting on anyone, and a second flush completes once the discards have. Buffers go only after
+  // the worker is destroyed (Comm's member order): a transfer left running writes on until then.
   std::vector<void*> requests;
+  auto flush = [&](std::chrono::seconds limit) {
+    ucp_request_param_t param{};
+    const ucs_status_ptr_t flushing = ucp_worker_flush_nbx(worker_, &param);
+    if (UCS_PTR_IS_PTR(flushing)) requests.push_back(flushing);
+    progress_until_done(worker_, requests, limit);
+  };
+  flush(std::chrono::seconds(1));
   for (auto& peer : peers_) {
     if (!peer->ep) continue;
     ucp_request_param_t param{};
@@ -212,10 +210,7 @@ void UcxTransport::quiesce() {
     peer->ep = nullptr;
   }
   progress_until_done(worker_, requests, std::chrono::seconds(5));
-  ucp_request_param_t param{};
-  const ucs_status_ptr_t flushing = ucp_worker_flush_nbx(worker_, &param);
-  if (UCS_PTR_IS_PTR(flushing)) requests.push_back(flushing);
-  progress_until_done(worker_, requests, std::chrono::seconds(5));
+  flush(std::chrono::seconds(5));
 }
 
 std::string UcxTransport::peer_failure(int peer) const {

@@ -1,8 +1,7 @@
 // Transport over UCX's ucp tag API. Worker addresses are exchanged through the c10d Store of the
-// group; one endpoint per peer. Endpoints use peer error handling (UCP_ERR_HANDLING_MODE_PEER with
-// a callback), so that a peer that dies fails this rank's messages instead of aborting the process:
-// with no callback, UCX 1.13 calls ucs_fatal when a CMA read finds its peer gone. That mode also
-// makes UCX choose transports that can report a failure (docs/design.md, "Two paths").
+// group; one endpoint per peer. Every endpoint has an error callback that records the failure, so
+// that a peer that dies fails this rank's messages instead of aborting the process: with none,
+// UCX 1.13 calls ucs_fatal when a CMA read finds its peer gone (docs/design.md, "Two paths").
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>

@@ -19,9 +19,10 @@ from harness import engine_env, launch, wait_all
 
 # Far above the detection bound: a survivor that only learns of the death at the timeout fails.
 GROUP_TIMEOUT = 30.0
-# What the design promises (docs/design.md, "Two paths" and "Shared memory"): a peer on the same
-# host is seen dead through its pidfd when the next wait idles (1 ms), and over UCX alone within a
-# keepalive interval (1 s). 3 s: one interval plus 2 s for four ranks sharing two busy cores.
+# What the design promises (docs/design.md, "Peer failure and teardown over UCX" and "Shared memory"):
+# a peer on the same host is seen dead through its pidfd when the next wait idles (1 ms), whatever
+# carries the data. 3 s: the job's ranks share two busy cores, and a survivor may first have to
+# finish a chunk it was reducing.
 DETECTION_SECONDS = 3.0
 LARGE_SEND = "CNCCL_FAULT_SIGKILL_AT_LARGE_SEND"
 SHM_STEP = "CNCCL_FAULT_SIGKILL_AT_SHM_STEP"

@@ -14,6 +14,7 @@ elsewhere. CI sets CNCCL_REQUIRE_NETNS=1, which turns that skip into a failure.
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 
@@ -150,9 +151,12 @@ def test_two_nodes_over_veth_train_like_one_node(nodes, tmp_path):
     assert any(said in open(path).read() for path in logs), f"rank 0 did not report {said!r}"
     ref_logs = [str(tmp_path / f"one-machine{i}.log") for i in range(2)]
     ref = []
+    with socket.socket() as probe:  # a port the machine has free: this store is in the host's namespace
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     for node in range(2):
         cmd = torchrun("--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_id=cnccl-one-machine",
-                       "--rdzv_endpoint=127.0.0.1:29412", f"--rdzv_conf=is_host={int(node == 0)}")
+                       f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_conf=is_host={int(node == 0)}")
         with open(ref_logs[node], "w") as log:
             ref.append(subprocess.Popen(["unshare", "--ipc"] + cmd + ["--save", str(one)], env=env_for(UCX_TLS="tcp"),
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
