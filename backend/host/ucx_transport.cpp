@@ -6,8 +6,8 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <string>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "backend/host/fault_injection.h"

@@ -56,10 +56,13 @@ class Cases:
 
     def __init__(self):
         self.all = {}
+        self.only = {}  # name: (predicate of (world, engine), why it runs nowhere else)
 
-    def __call__(self, fn=None, *, min_world=1, budget=CASE_BUDGET_S):
+    def __call__(self, fn=None, *, min_world=1, budget=CASE_BUDGET_S, only=None):
         def register(f):
             self.all[f.__name__] = (f, min_world, budget)
+            if only:
+                self.only[f.__name__] = only
             return f
 
         return register(fn) if fn is not None else register
@@ -69,6 +72,13 @@ class Cases:
 
     def min_world(self, name):
         return self.all[name][1]
+
+    def not_here(self, name, world, engine):
+        """Why case `name` does not run at this world size on this engine, or None where it does."""
+        if world < self.min_world(name):
+            return f"needs at least {self.min_world(name)} ranks"
+        predicate, why = self.only.get(name, (None, None))
+        return why if predicate and not predicate(world, engine) else None
 
 
 # A case's collectives, cnccl's and gloo's alike, fail after this instead of hanging: a case that
@@ -383,12 +393,14 @@ def engine_env(engine):
             "gloo": {"CNCCL_CPU_ENGINE": "gloo"}}[engine]
 
 
-def check_case(results, name, world_size, cases):
-    """The pytest side of one case: skipped below its world size, else it must have passed."""
+def check_case(results, name, world_size, cases, engine=None):
+    """The pytest side of one case: skipped where it does not run (`Cases.not_here`), else it must
+    have passed."""
     import pytest
 
-    if world_size < cases.min_world(name):
-        pytest.skip(f"needs at least {cases.min_world(name)} ranks")
+    why = cases.not_here(name, world_size, engine)
+    if why:
+        pytest.skip(why)
     failure = results.get(name, results.get(_NOT_REACHED, "case did not run"))
     assert failure is None, failure
 
@@ -475,7 +487,7 @@ def _worker(modules):
 
             ctx, broken = context()
             for name, (fn, min_world, budget) in cases.all.items():
-                if world < min_world:
+                if cases.not_here(name, world, engine_of()):
                     continue
                 if broken:
                     report["cases"][f"{module}::{name}"] = broken

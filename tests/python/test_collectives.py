@@ -14,7 +14,7 @@ import cnccl
 from collective_oracles import (  # noqa: F401 - Context: the groups this job's cases use (harness.py)
     Context, R, TIMEOUT, assert_on_wire, reference, scaled_sum_bound,
 )
-from harness import CPU_ENGINES, Cases, check_case, engine_of, share, shared_job
+from harness import CPU_ENGINES, Cases, check_case, share, shared_job
 
 case = Cases()
 WORLD_SIZES = [1, 2, 3, 4]
@@ -260,14 +260,13 @@ def send_recv_and_any_source(ctx):
         dist.send(torch.full((3,), float(r)), 0)
 
 
-@case(min_world=2)
+@case(min_world=2, only=(lambda world, engine: engine != "gloo", "gloo's point-to-point is gloo's own"))
 def a_rank_blocked_in_irecv_uses_almost_no_cpu(ctx):
     """Rank 1 waits 2 s in irecv while rank 0 sleeps before its send. cnccl's executor then sleeps in
     the kernel up to 10 ms at a time (docs/design.md, "Peer failure and teardown over UCX"): 200
     wakeups of well under 100 us are < 0.02 s of CPU (measured: 0.005 s); 0.1 s leaves 5x that for a
-    loaded machine and the process's other threads. Polling every 50 us took 0.31 s. gloo's
-    point-to-point is gloo's own."""
-    if engine_of() == "gloo" or ctx.rank > 1:
+    loaded machine and the process's other threads. Polling every 50 us took 0.31 s."""
+    if ctx.rank > 1:
         return
     import resource
     import time
@@ -286,13 +285,11 @@ def a_rank_blocked_in_irecv_uses_almost_no_cpu(ctx):
     assert cpu < 0.1, f"{cpu:.3f} s of CPU while blocked 2 s in irecv"
 
 
-@case(min_world=2)
+@case(only=(lambda world, engine: engine == "ucx" and world == 3,
+            "UCX tags carry the sequence over UCX alone; one odd ring (3 ranks) covers the wrap"))
 def the_tag_sequence_wraps_without_a_mismatch(ctx):
     """UCX tags carry 14 bits of a collective's sequence number (docs/design.md, "Tags"): 2^14 + 300
-    small allreduces on one group pass the wrap, in flight 256 at a time, each checked. Where tags
-    carry the sequence: over UCX alone, at 3 ranks (an odd ring), once."""
-    if engine_of() != "ucx" or ctx.world != 3:
-        return
+    small allreduces on one group pass the wrap, in flight 256 at a time, each checked."""
     total, window = (1 << 14) + 300, 256
     for first in range(0, total, window):
         batch = [torch.full((2,), float(ctx.rank + i % 7)) for i in range(first, min(total, first + window))]
@@ -448,4 +445,4 @@ def group_timeout_and_seq(ctx):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", case.names())
 def test_collective(name, world_size, engine):
-    check_case(shared_job(__name__, world_size, engine), name, world_size, case)
+    check_case(shared_job(__name__, world_size, engine), name, world_size, case, engine)
