@@ -111,38 +111,51 @@ std::string affinity() {
   return cpus.substr(0, cpus.find_last_of('1') + 1);
 }
 
-// cgroup v2's cpu.max ("<quota> <period>", or "max <period>") of this process's cgroup.
-int quota_cpus() {
-  std::ifstream cgroup("/proc/self/cgroup");
+}  // namespace
+
+int ShmComm::cgroup_cpu_quota(const std::string& proc_cgroup, const std::string& root) {
+  std::ifstream cgroup(proc_cgroup);
   std::string line, path;
   while (std::getline(cgroup, line)) {
     if (line.rfind("0::", 0) == 0) path = line.substr(3);
   }
-  std::ifstream max("/sys/fs/cgroup" + path + "/cpu.max");
-  std::string quota;
-  long long period = 0;
-  if (!(max >> quota >> period) || quota == "max" || period <= 0) return 0;
-  return int((std::stoll(quota) + period - 1) / period);
+  if (path.empty() || path[0] != '/') return 0;
+  // A cgroup runs no faster than any of its ancestors allow: the smallest quota on the way up.
+  int quota = 0;
+  for (;;) {
+    std::ifstream max(root + (path == "/" ? "" : path) + "/cpu.max");
+    std::string limit;
+    long long period = 0;
+    if ((max >> limit >> period) && limit != "max" && period > 0) {
+      const int cpus = int(std::max(1LL, (std::stoll(limit) + period - 1) / period));
+      quota = quota ? std::min(quota, cpus) : cpus;
+    }
+    if (path == "/") return quota;
+    path = path.substr(0, std::max<size_t>(path.find_last_of('/'), 1));
+  }
 }
 
-// Whether the host's ranks outnumber the CPUs they may run on: the union of their affinities,
-// and at most the smallest cgroup quota among them. Then a spinning waiter holds a CPU the rank it
-// waits for needs. (Each rank's own affinity alone would say ranks pinned one per CPU share.)
-bool oversubscribed(const std::vector<Announcement>& local) {
+// A spinning waiter holds a CPU the rank it waits for may need; so spin only where the host's
+// ranks fit in the CPUs they may run on: the union of their affinities (each rank's own would say
+// ranks pinned one per CPU share), and at most the smallest cgroup quota among them.
+bool ShmComm::oversubscribed(const std::vector<std::string>& affinities, const std::vector<int>& quotas,
+                             int hardware_cpus) {
   std::string all;
-  int quota = 0;
-  for (const auto& a : local) {
-    if (a.cpus.size() > all.size()) all.resize(a.cpus.size(), '0');
-    for (size_t cpu = 0; cpu < a.cpus.size(); ++cpu) {
-      if (a.cpus[cpu] == '1') all[cpu] = '1';
+  for (const auto& cpus : affinities) {
+    if (cpus.size() > all.size()) all.resize(cpus.size(), '0');
+    for (size_t cpu = 0; cpu < cpus.size(); ++cpu) {
+      if (cpus[cpu] == '1') all[cpu] = '1';
     }
-    if (a.quota_cpus > 0) quota = quota ? std::min(quota, a.quota_cpus) : a.quota_cpus;
   }
-  int cpus = int(std::count(all.begin(), all.end(), '1'));
-  if (cpus == 0) cpus = int(std::thread::hardware_concurrency());
-  if (quota > 0) cpus = std::min(cpus, quota);
-  return cpus < int(local.size());
+  int available = int(std::count(all.begin(), all.end(), '1'));
+  if (available == 0) available = hardware_cpus;
+  for (int quota : quotas) {
+    if (quota > 0) available = std::min(available, quota);
+  }
+  return available < int(affinities.size());
 }
+
+namespace {
 
 std::string encode(const Announcement& a) {
   std::ostringstream out;
@@ -182,7 +195,7 @@ std::unique_ptr<ShmComm> ShmComm::connect(c10d::Store& store, int rank, int size
   mine.token = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
   mine.reason = enabled ? "" : "off on rank " + std::to_string(rank) + " (CNCCL_SHM / Options.shm)";
   mine.cpus = affinity();
-  mine.quota_cpus = quota_cpus();
+  mine.quota_cpus = cgroup_cpu_quota("/proc/self/cgroup", "/sys/fs/cgroup");
   if (enabled) {
     try {
       own = Segment::create(kSegmentBytes);
@@ -251,9 +264,14 @@ std::unique_ptr<ShmComm> ShmComm::connect(c10d::Store& store, int rank, int size
   // as long as its mappings, so no exit of any kind leaves it behind.
   own.close_fd();
   segments[local_rank] = std::move(own);
-  std::vector<Announcement> on_this_host;
-  for (int r : local) on_this_host.push_back(all[r]);
-  const auto spin = oversubscribed(on_this_host) ? std::chrono::microseconds(0) : kSpin;
+  std::vector<std::string> affinities;
+  std::vector<int> quotas;
+  for (int r : local) {
+    affinities.push_back(all[r].cpus);
+    quotas.push_back(all[r].quota_cpus);
+  }
+  const bool shared = oversubscribed(affinities, quotas, int(std::thread::hardware_concurrency()));
+  const auto spin = shared ? std::chrono::microseconds(0) : kSpin;
   return std::unique_ptr<ShmComm>(new ShmComm(local_rank, int(local.size()), std::move(group_name), std::move(segments),
                                               std::move(peers), std::move(hosts), host, spin));
 }

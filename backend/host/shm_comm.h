@@ -48,6 +48,17 @@ class ShmComm {
   // The group's ranks by host (hosts in the order of their lowest rank), and this rank's host.
   const std::vector<std::vector<int>>& hosts() const { return hosts_; }
   int host() const { return host_; }
+  // Whether a waiter spins a while before it sleeps (docs/design.md, "The channel").
+  bool spins() const { return spin_.count() > 0; }
+
+  // The CPU quota, in whole CPUs rounded up, of the cgroup (v2) named for this process in
+  // `proc_cgroup` (/proc/self/cgroup) under `root` (/sys/fs/cgroup): the smallest `cpu.max` of it
+  // and its ancestors; 0 for none.
+  static int cgroup_cpu_quota(const std::string& proc_cgroup, const std::string& root);
+  // Whether the host's ranks outnumber the CPUs they may run on, given each rank's affinity ('0'/'1'
+  // by CPU number; empty when unknown) and cgroup quota (0 for none).
+  static bool oversubscribed(const std::vector<std::string>& affinities, const std::vector<int>& quotas,
+                             int hardware_cpus);
 
   // Starts a collective. `signature` is what every rank must agree on; the first step's
   // wait_all(kPosted) compares it with every peer's, before any data is read.

@@ -52,22 +52,29 @@ class Block(nn.Module):
         return nn.functional.cross_entropy(out.flatten(0, 1), target.flatten())
 
 
-def train(model, net, steps, device, seed=3, micro_batches=1, lr=0.1):
+def train(model, net, steps, device, seed=3, micro_batches=1, lr=0.1, check=None):
     """SGD steps on `model` (`net` is the bare module, for its batch and loss).
 
     With micro_batches > 1, all but the last backward of a step run under `model.no_sync()`.
+    `check(step, params, batches, grads)`, when given, sees each step after its last backward: the
+    parameters the step started from, its (input, target) batches and the gradients.
     Returns the gradients after each step's last backward and the parameters after the last step.
     """
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     grads = []
-    for _ in range(steps):
+    for step in range(steps):
         opt.zero_grad()
+        start = [p.detach().clone() for p in model.parameters()] if check else None
+        batches = []
         for m in range(micro_batches):
             last = m == micro_batches - 1
             with contextlib.nullcontext() if last else model.no_sync():
                 x, y = net.batch(gen, device)
+                batches.append((x, y))
                 net.loss(model(x), y).backward()
         grads.append([None if p.grad is None else p.grad.detach().clone() for p in model.parameters()])
+        if check:
+            check(step, start, batches, grads[-1])
         opt.step()
     return grads, [p.detach().clone() for p in model.parameters()]

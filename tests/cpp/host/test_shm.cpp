@@ -10,6 +10,9 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -404,6 +407,88 @@ TEST(Shm, OneRankWithSharedMemoryOffTurnsItOffForAll) {
     EXPECT_FALSE(connected[r]) << "rank " << r;
     EXPECT_NE(why[r].find("off on rank 1"), std::string::npos) << "rank " << r << ": " << why[r];
   }
+}
+
+// Connects two ranks (threads: sched_getaffinity reads the calling thread's affinity, as it reads a
+// process's main thread) pinned to `cpu_of(rank)`; returns whether each one's waiters spin.
+std::vector<bool> spins_when_pinned(const std::function<int(int)>& cpu_of) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<int> spins(2, -1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpu_of(r), &set);
+      if (::pthread_setaffinity_np(::pthread_self(), sizeof set, &set) != 0) return;
+      std::string why;
+      auto shm = ShmComm::connect(*store, r, 2, "memory", true, &why);
+      if (shm) spins[r] = shm->spins();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(spins[0], spins[1]) << "the ranks decided differently (-1: not connected)";
+  return {spins[0] == 1, spins[1] == 1};
+}
+
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+TEST(ShmSpin, RanksPinnedToOneCpuNeverSpinAndRanksPinnedOnePerCpuDo) {
+  const auto cpus = allowed_cpus();
+  EXPECT_EQ(spins_when_pinned([&](int) { return cpus[0]; }), std::vector<bool>({false, false}));
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU: no two ranks can each have their own";
+  // Each rank alone sees one CPU; only the union of the two says they do not share.
+  if (ShmComm::cgroup_cpu_quota("/proc/self/cgroup", "/sys/fs/cgroup") == 1) GTEST_SKIP() << "a 1-CPU cgroup quota";
+  EXPECT_EQ(spins_when_pinned([&](int r) { return cpus[size_t(r)]; }), std::vector<bool>({true, true}));
+}
+
+TEST(ShmSpin, OversubscribedCountsTheUnionOfAffinitiesCappedByTheSmallestQuota) {
+  EXPECT_FALSE(ShmComm::oversubscribed({"10", "01"}, {0, 0}, 64));
+  EXPECT_TRUE(ShmComm::oversubscribed({"10", "10"}, {0, 0}, 64));
+  EXPECT_TRUE(ShmComm::oversubscribed({"1111", "1111"}, {4, 1}, 64));
+  EXPECT_FALSE(ShmComm::oversubscribed({"1111", "1111"}, {0, 2}, 64));
+  EXPECT_TRUE(ShmComm::oversubscribed({"", ""}, {0, 0}, 1));  // affinity unknown: the machine's CPUs
+  EXPECT_FALSE(ShmComm::oversubscribed({"", ""}, {0, 0}, 2));
+}
+
+TEST(ShmSpin, CgroupQuotaIsTheSmallestOfTheCgroupAndItsAncestorsRoundedUp) {
+  char dir[] = "/tmp/cnccl-cgroup-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string root = dir;
+  auto write = [](const std::string& path, const std::string& text) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr) << path;
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  };
+  ASSERT_EQ(::mkdir((root + "/job").c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((root + "/job/rank").c_str(), 0700), 0);
+  write(root + "/self", "0::/job/rank\n");
+  write(root + "/cpu.max", "max 100000\n");
+  write(root + "/job/rank/cpu.max", "max 100000\n");
+  EXPECT_EQ(ShmComm::cgroup_cpu_quota(root + "/self", root), 0);
+  write(root + "/job/cpu.max", "150000 100000\n");  // 1.5 CPUs for the job: 2 whole ones
+  EXPECT_EQ(ShmComm::cgroup_cpu_quota(root + "/self", root), 2);
+  write(root + "/job/rank/cpu.max", "50000 100000\n");
+  EXPECT_EQ(ShmComm::cgroup_cpu_quota(root + "/self", root), 1);
+  write(root + "/self", "0::/\n");
+  EXPECT_EQ(ShmComm::cgroup_cpu_quota(root + "/self", root), 0);
+  write(root + "/cpu.max", "300000 100000\n");
+  EXPECT_EQ(ShmComm::cgroup_cpu_quota(root + "/self", root), 3);
+  EXPECT_EQ(ShmComm::cgroup_cpu_quota(root + "/absent", root), 0);
+  for (const char* f : {"/job/rank/cpu.max", "/job/cpu.max", "/cpu.max", "/self"}) std::remove((root + f).c_str());
+  ::rmdir((root + "/job/rank").c_str());
+  ::rmdir((root + "/job").c_str());
+  ::rmdir(dir);
 }
 
 }  // namespace
