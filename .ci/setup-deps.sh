@@ -5,7 +5,9 @@ set -euo pipefail
 TORCH_VERSION="${CNCCL_TORCH_VERSION:-2.15.0}"
 PY="${PYTHON:-python3}"
 
-apt_pkgs=(libucx-dev ucx-utils iproute2 cmake g++ libgtest-dev pkg-config ccache)
+# The build's own (third_party/system-packages.txt), then the tests' and CI's: ucx_info, ip netns, GoogleTest, ccache.
+mapfile -t apt_pkgs < <(grep -v '^#' "$(dirname "$0")/../third_party/system-packages.txt")
+apt_pkgs+=(ucx-utils iproute2 libgtest-dev ccache)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,8 +22,10 @@ fi
 have_torch=$(TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
 py_pkgs=()
 [[ "$have_torch" == "$TORCH_VERSION" ]] || py_pkgs+=("torch==$TORCH_VERSION")
-for m in pytest numpy matplotlib expecttest; do
-  "$PY" -c "import $m" 2>/dev/null || py_pkgs+=("$m")
+# Test dependencies: module, then its PyPI name. The frameworks test_frameworks.py trains under.
+for m in pytest:pytest numpy:numpy matplotlib:matplotlib expecttest:expecttest pytorch_lightning:pytorch-lightning \
+    accelerate:accelerate; do
+  "$PY" -c "import ${m%%:*}" 2>/dev/null || py_pkgs+=("${m#*:}")
 done
 if ((${#py_pkgs[@]})); then
   echo "setup: pip install ${py_pkgs[*]}"

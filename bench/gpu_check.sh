@@ -140,7 +140,7 @@ grep -q "CUDA *: on" "$DIR/gpu_check_cmake.log" || { RESULT[build]="the CUDA pat
 run build 180 cmake --build "$BUILD" -j "$(nproc)"
 [[ ${RESULT[build]} == ok ]] || { summary; exit 1; }
 CNCCL_BUILD_DIR="$BUILD" "$PY" -m pip install -q --no-index --no-deps --no-build-isolation \
-  --disable-pip-version-check --root-user-action=ignore -e python || { RESULT[install]=failed; summary; exit 1; }
+  --disable-pip-version-check --root-user-action=ignore -e . || { RESULT[install]=failed; summary; exit 1; }
 
 step "Python tests on the GPU"
 pushd tests/python >/dev/null

@@ -4,9 +4,15 @@
 installed, ``torch.distributed.init_process_group("cnccl")`` also works without the import.
 """
 
+import os
+
 from cnccl._registration import register
 
 __version__ = "0.1.0"
+
+# For C++ programs: CMAKE_PREFIX_PATH=<this> finds cnccl's CMake package (find_package(cnccl)) in an
+# installed package (pip install .), as torch.utils.cmake_prefix_path finds torch's.
+cmake_prefix_path = os.path.dirname(os.path.abspath(__file__))
 
 register()
 
@@ -51,4 +57,5 @@ def backend(group=None):
     return impl
 
 
-__all__ = ["Options", "ProcessGroupCNCCL", "backend", "build_info", "config", "register", "stats", "__version__"]
+__all__ = ["Options", "ProcessGroupCNCCL", "backend", "build_info", "cmake_prefix_path", "config", "register", "stats",
+           "__version__"]

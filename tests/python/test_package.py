@@ -107,3 +107,56 @@ def test_build_info_reports_the_codec_this_processor_runs():
         flags = set(next(line for line in f if line.startswith("flags")).split(":")[1].split())
     expected = "avx2+f16c" if {"avx2", "f16c"} <= flags else "scalar"
     assert cnccl.build_info()["cpu_codec"] == expected, (cnccl.build_info(), sorted(flags & {"avx2", "f16c"}))
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run(argv, timeout, **kwargs):
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+    assert r.returncode == 0, f"{' '.join(argv)}: exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    return r.stdout
+
+
+def test_self_check_reports_a_correct_compressed_allreduce():
+    out = run([sys.executable, "-m", "cnccl"], timeout=180, cwd="/")
+    assert f"built for torch {torch.__version__.split('+')[0]}" in out, out
+    assert re.search(r"on 2 processes: CPU engine ucx, transport shm, wire fp16, compressed \(50% of the bytes saved\)",
+                     out), out
+    assert out.rstrip().endswith("OK: the result is the exact sum"), out
+
+
+def test_self_check_fails_with_the_ranks_error():
+    r = subprocess.run([sys.executable, "-m", "cnccl"], capture_output=True, text=True, timeout=180, cwd="/",
+                       env=dict(os.environ, CNCCL_WIRE_DTYPE="fp12"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "CNCCL_WIRE_DTYPE" in r.stdout and "FAIL: the 2-process allreduce did not complete" in r.stdout, r.stdout
+
+
+def test_wheel_installs_into_a_fresh_environment_and_serves_python_and_cpp(tmp_path):
+    """`pip wheel .` as a user would make it, installed into a new virtual environment that shares
+    only torch (its system site-packages): the self-check there runs the wheel's copy, and the C++
+    example builds against the wheel's CMake package (cnccl.cmake_prefix_path) and runs on 2 ranks."""
+    dist_dir, venv = tmp_path / "dist", tmp_path / "venv"
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "--disable-pip-version-check",
+         "-w", str(dist_dir), REPO], timeout=900)
+    wheels = list(dist_dir.glob("cnccl-*.whl"))
+    assert len(wheels) == 1, wheels
+    assert re.search(r"-cp3\d+-cp3\d+-linux_x86_64\.whl$", wheels[0].name), f"not a binary wheel: {wheels[0].name}"
+    run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], timeout=120)
+    py = str(venv / "bin" / "python")
+    run([py, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", str(wheels[0])], timeout=300)
+    where = run([py, "-c", "import cnccl; print(cnccl.__file__); print(cnccl.cmake_prefix_path)"], timeout=120,
+                cwd="/").split()
+    assert where[0].startswith(str(venv)), f"the environment imports {where[0]}, not the wheel's copy"
+    prefix = where[1]
+    for part in ("lib/libcnccl.so", "lib/cmake/cnccl/cnccl-config.cmake", "include/cnccl/cnccl.h"):
+        assert os.path.exists(os.path.join(prefix, part)), f"the wheel has no {part}"
+    assert run([py, "-m", "cnccl"], timeout=180, cwd="/").rstrip().endswith("OK: the result is the exact sum")
+    build = tmp_path / "example"
+    run(["cmake", "-S", os.path.join(REPO, "examples", "cpp_allreduce"), "-B", str(build),
+         f"-DCMAKE_PREFIX_PATH={prefix}"], timeout=300)
+    run(["cmake", "--build", str(build)], timeout=600)
+    out = run([os.path.join(REPO, "tests", "cpp", "run_ranks.sh"), str(build / "cpp_allreduce"), "2",
+               str(tmp_path / "store")], timeout=300)
+    assert out.count(": allreduce ok") == 2, out

@@ -1,0 +1,29 @@
+"""What the framework examples share: one small model, its data, and the result file the tests read."""
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def dataset(rank, n=256):
+    """Each rank's own samples (no sampler: every framework gives each rank its own loader)."""
+    gen = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(n, 32, generator=gen)
+    return torch.utils.data.TensorDataset(x, x[:, :10].argmax(1))
+
+
+def save(path, params, **extra):
+    """Rank 0 writes the trained parameters and what the backend counted (cnccl.stats() on cnccl)."""
+    if path and dist.get_rank() == 0:
+        stats = {}
+        if dist.get_backend() == "cnccl":
+            import cnccl
+
+            stats = dict(cnccl.stats())
+        torch.save({"params": [p.detach().float().clone() for p in params], "stats": stats,
+                    "backend": dist.get_backend(), **extra}, path)

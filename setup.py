@@ -1,0 +1,44 @@
+"""Builds the C++ parts with CMake before packaging them (pyproject.toml holds the metadata).
+
+`pip install --no-build-isolation .` builds and installs the package: cnccl._C beside the Python
+sources, and the C++ package under it (lib/libcnccl.so, include/, lib/cmake/cnccl:
+`cnccl.cmake_prefix_path`). `pip wheel --no-build-isolation .` makes the same as a wheel, for machines
+with the same torch. `pip install -e .` leaves CMake's outputs in python/cnccl instead, so that the
+build folder (CNCCL_BUILD_DIR, default <repo>/build) and the package stay one. An existing build
+folder is reused as configured; a new one is configured without the tests and benchmarks.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+REPO = Path(__file__).resolve().parent
+
+
+class BuildWithCMake(build_py):
+    def run(self):
+        build_dir = Path(os.environ.get("CNCCL_BUILD_DIR", REPO / "build"))
+        if not (build_dir / "CMakeCache.txt").exists():
+            subprocess.check_call(["cmake", "-S", str(REPO), "-B", str(build_dir), f"-DPython3_EXECUTABLE={sys.executable}",
+                                   "-DCNCCL_BUILD_TESTS=OFF", "-DCNCCL_BUILD_BENCH=OFF"])
+        jobs = str(os.cpu_count() or 2)
+        subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs, "--target", "cnccl_python"])
+        super().run()
+        if not self.editable_mode:
+            subprocess.check_call(["cmake", "--install", str(build_dir), "--prefix", str(Path(self.build_lib) / "cnccl")])
+
+
+class BinaryDistribution(Distribution):
+    """A wheel for this platform and Python (cnccl._C), not a pure-Python one."""
+
+    def has_ext_modules(self):
+        return True
+
+
+# setuptools' own build folder, inside CMake's rather than beside it.
+setup(cmdclass={"build_py": BuildWithCMake}, distclass=BinaryDistribution, options={"build": {"build_base": str(REPO / "build" / "setuptools")}})
