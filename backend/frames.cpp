@@ -195,12 +195,15 @@ void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, doubl
     dst.copy_(values.view({-1}).narrow(0, 0, n).view(dst.sizes()));
     return;
   }
-  at::Tensor out = dst.is_contiguous() ? dst : at::empty_like(dst, at::MemoryFormat::Contiguous);
   const at::Tensor f = frames.contiguous();
+  // Every row's exponent is checked before any row is written: a bad one leaves dst as it was.
+  std::vector<float> scales;
+  for (int64_t r = 0; r * count < n; ++r) scales.push_back(std::ldexp(post, -header_of(f[r].const_data_ptr<uint8_t>(), r)));
+  at::Tensor out = dst.is_contiguous() ? dst : at::empty_like(dst, at::MemoryFormat::Contiguous);
   with_wide_data(out, [&](auto* y) {
     for (int64_t r = 0, first = 0; first < n; ++r, first += count) {
       const uint8_t* frame = f[r].const_data_ptr<uint8_t>();
-      const float s = std::ldexp(post, -header_of(frame, r));
+      const float s = scales[size_t(r)];
       const size_t len = size_t(std::min(count, n - first));
       if (compress::wire_bytes(wire) == 1) {
         compress::restore(frame + kHeaderBytes, y + first, len, s, wire);

@@ -119,8 +119,10 @@ TEST(Frames, AnExponentOutOfRangeNamesItsRankOrDecodesAsNaN) {
     encode(rows, count, 1.0, Wire::kE4m3, frames);
     std::memcpy(frames[1].mutable_data_ptr<uint8_t>(), &bad, sizeof bad);
     const std::string k = std::to_string(bad);
+    // The rows before the bad one are not written either: the caller's tensor stays as it was.
+    at::Tensor untouched = at::full({3 * count}, 7.0f);
     for (auto attempt : {std::function<void()>([&] { sum(frames.unbind(0), count, Wire::kE4m3, at::empty({count})); }),
-                         std::function<void()>([&] { restore(frames, count, Wire::kE4m3, 1.0, at::empty({3 * count})); })}) {
+                         std::function<void()>([&] { restore(frames, count, Wire::kE4m3, 1.0, untouched); })}) {
       try {
         attempt();
         ADD_FAILURE() << "exponent " << k << " was decoded";
@@ -129,6 +131,7 @@ TEST(Frames, AnExponentOutOfRangeNamesItsRankOrDecodesAsNaN) {
         EXPECT_NE(what.find("from rank 1 carries the exponent " + k), std::string::npos) << what;
       }
     }
+    EXPECT_TRUE(untouched.eq(7.0f).all().item<bool>()) << "exponent " << k << ": restore wrote rows before failing";
     const at::Tensor summed = sum(frames.unbind(0), count, Wire::kE4m3, at::empty({count}), Impl::kAten);
     EXPECT_TRUE(summed.isnan().all().item<bool>()) << "exponent " << k;
     at::Tensor restored = at::empty({3 * count});
