@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "backend/errors.h"
+
 namespace cnccl {
 namespace {
 
@@ -148,6 +150,30 @@ Config Options::resolve() const {
                     "(CNCCL_ACCUMULATE, CNCCL_SCALING): an 8-bit value needs its part's exponent, and no engine "
                     "adds it");
   return c;
+}
+
+std::string Config::bytes_settings() const {
+  return "wire_dtype=" + wire_name() + ", min_bytes=" + std::to_string(min_bytes) +
+         ", sum_scaling=" + (sum_scaling == SumScaling::kWorld ? "world" : "none") +
+         ", compress_fp64=" + (compress_fp64 ? "1" : "0") + ", accumulate=" + accumulate_name() +
+         ", rounding=" + rounding_name() + ", sr_seed=" + std::to_string(sr_seed) + ", scaling=" + scaling_name();
+}
+
+void agree_on_settings(c10d::Store& store, const std::string& key, int rank, int size, const Config& config,
+                       std::chrono::milliseconds timeout) {
+  const std::string mine = config.bytes_settings();
+  auto name = [&](int r) { return key + "/" + std::to_string(r); };
+  store.set(name(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    store.wait({name(r)}, timeout);
+    const std::vector<uint8_t> bytes = store.get(name(r));
+    const std::string theirs(bytes.begin(), bytes.end());
+    if (theirs != mine) {
+      throw errors::backend_error("cnccl: ranks disagree on the group's settings (CNCCL_* variables / Options): rank " +
+                          std::to_string(rank) + " has " + mine + "; rank " + std::to_string(r) + " has " + theirs);
+    }
+  }
 }
 
 }  // namespace cnccl

@@ -110,6 +110,7 @@ c10d::Backend& ProcessGroupCNCCL::cuda_path(const char* op) {
   args.group_uid = getGroupUid();
   args.group_desc = getGroupDesc();
   args.bound_device = getBoundDeviceId();
+  agree_on_settings(*store_, "cnccl_cuda_settings", rank_, size_, config_, options_->timeout);
   auto composition = std::make_unique<composed::Composition>(cuda::make_nccl_engine(args), cuda::make_cuda_device(),
                                                              config_, &stats_, rank_, size_);
   cuda_ = c10::make_intrusive<composed::ComposedPath>(rank_, size_, std::move(composition));

@@ -1,10 +1,14 @@
 // The policy alone (backend/policy.h): which tensors are compressed and which scales apply
 // (docs/design.md, "Semantics"), what that costs on the wire, which host algorithm runs, which
-// engine versions a wire needs.
+// engine versions a wire needs; and the agreement on settings the CUDA path makes (options.h).
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <cstdlib>
+#include <functional>
+#include <thread>
 
+#include "backend/options.h"
 #include "backend/policy.h"
 
 namespace cnccl {
@@ -286,6 +290,51 @@ TEST(Options, AccumulateFromEnvironmentOrField) {
     EXPECT_NE(std::string(e.what()).find("wire, fp32"), std::string::npos);
   }
   ::unsetenv("CNCCL_ACCUMULATE");
+}
+
+// Each rank's error from agree_on_settings ("" when none), ranks as threads over one store.
+std::vector<std::string> agree(const std::vector<Config>& configs) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(configs.size());
+  std::vector<std::thread> ranks;
+  for (size_t r = 0; r < configs.size(); ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        agree_on_settings(*store, "settings", int(r), int(configs.size()), configs[r], std::chrono::seconds(10));
+      } catch (const c10::DistBackendError& e) {
+        errors[r] = e.what_without_backtrace();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  return errors;
+}
+
+TEST(Agreement, RanksWithTheSameSettingsAgreeWhateverTheirCpuSide) {
+  Config a, b;
+  b.cpu_engine = CpuEngine::kGloo;  // CPU-side choices change no byte of a CUDA collective
+  b.shm = ShmMode::kOff;
+  for (const auto& error : agree({a, b, a})) EXPECT_EQ(error, "");
+}
+
+TEST(Agreement, EverySettingThatChangesTheBytesIsCompared) {
+  const std::vector<std::function<void(Config&)>> changes{
+      [](Config& c) { c.wire = compress::Wire::kBf16; },       [](Config& c) { c.wire = std::nullopt; },
+      [](Config& c) { c.min_bytes = 0; },                      [](Config& c) { c.sum_scaling = SumScaling::kWorld; },
+      [](Config& c) { c.compress_fp64 = true; },               [](Config& c) { c.accumulate = Accumulate::kFp32; },
+      [](Config& c) { c.rounding = Rounding::kStochastic; },   [](Config& c) { c.sr_seed = 7; },
+      [](Config& c) { c.scaling = Scaling::kPow2; }};
+  for (size_t i = 0; i < changes.size(); ++i) {
+    Config same, other;
+    changes[i](other);
+    const auto errors = agree({same, same, other});
+    for (int r = 0; r < 3; ++r) {
+      const std::string& e = errors[size_t(r)];
+      EXPECT_NE(e.find("ranks disagree on the group's settings"), std::string::npos) << "change " << i << ": " << e;
+      EXPECT_NE(e.find(r == 2 ? other.bytes_settings() : same.bytes_settings()), std::string::npos) << e;
+      EXPECT_NE(e.find(r == 2 ? same.bytes_settings() : other.bytes_settings()), std::string::npos) << e;
+    }
+  }
 }
 
 }  // namespace
