@@ -13,7 +13,6 @@ still reports the "gloo" it chose. With `--backend gloo --hook bf16|fp16` it run
 gloo with Accelerate's own comm-hook setting (DistributedDataParallelKwargs(comm_hook=...)).
 """
 
-import argparse
 import os
 import sys
 
@@ -29,12 +28,7 @@ HOOKS = {"fp16": DDPCommunicationHookType.FP16, "bf16": DDPCommunicationHookType
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", default="cnccl")
-    parser.add_argument("--hook", choices=sorted(HOOKS), help="a seed compression hook (for gloo)")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--out", help="rank 0 saves the trained parameters and cnccl's counters here")
-    args = parser.parse_args()
+    args = common.arguments(HOOKS).parse_args()
     dist.init_process_group(args.backend)
     handlers = [DistributedDataParallelKwargs(comm_hook=HOOKS[args.hook])] if args.hook else []
     accelerator = Accelerator(cpu=True, kwargs_handlers=handlers)

@@ -1,8 +1,21 @@
 """What the framework examples share: one small model, its data, and the result file the tests read."""
 
+import argparse
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+
+def arguments(hooks=()):
+    """The options every example takes; `--hook` where the framework can run a seed hook."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", default="cnccl")
+    if hooks:
+        parser.add_argument("--hook", choices=sorted(hooks), help="a seed compression hook (for gloo)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--out", help="rank 0 saves the trained parameters and cnccl's counters here")
+    return parser
 
 
 def model():

@@ -13,7 +13,6 @@ bit for bit: each element is one fp32 add of values scaled by a power of two). A
 or bf16 reduce-scatter on gloo for comparison (gloo has no AVG: FSDP2 then sums and divides).
 """
 
-import argparse
 import os
 import sys
 
@@ -38,11 +37,8 @@ def counters(backend):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", default="cnccl")
+    parser = common.arguments()
     parser.add_argument("--reduce-dtype", choices=sorted(DTYPES), default="fp32")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--out", help="rank 0 saves every step's gradients, the parameters and cnccl's counters")
     args = parser.parse_args()
     if args.backend == "cnccl":
         import cnccl

@@ -9,7 +9,6 @@ registered by the module itself: DDPStrategy(ddp_comm_hook=...) registers a hook
 device is CUDA (DDPStrategy._register_ddp_hooks), so on CPU it would silently train uncompressed.
 """
 
-import argparse
 import os
 import sys
 
@@ -45,12 +44,7 @@ class Classifier(pl.LightningModule):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", default="cnccl")
-    parser.add_argument("--hook", choices=sorted(HOOKS), help="a seed compression hook (for gloo)")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--out", help="rank 0 saves the trained parameters and cnccl's counters here")
-    args = parser.parse_args()
+    args = common.arguments(HOOKS).parse_args()
     strategy = DDPStrategy(process_group_backend=args.backend)
     trainer = pl.Trainer(accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), num_nodes=1,
                          strategy=strategy, max_steps=args.steps, logger=False, enable_checkpointing=False,
