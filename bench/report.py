@@ -41,7 +41,7 @@ def goals(ar, ddp):
 
 
 def section(ar, ddp, trials):
-    lines = [BEGIN, "", "Regenerate with `python3 bench/report.py` (about 3 minutes; numbers are from one run on this "
+    lines = [BEGIN, "", "Regenerate with `python3 bench/report.py` (about 3 minutes; numbers are from one run on a "
              f"{ar['machine']['cores']}-core machine, {ar['machine']['date']}, torch {ar['machine']['torch']}; "
              f"medians of {trials} interleaved trials).", "",
              "![allreduce bandwidth](bench/results/allreduce.png)", ""]

@@ -389,7 +389,7 @@ def callback_may_run_a_collective_and_wait(ctx):
 @case
 def bad_input_raises_clear_errors(ctx):
     def raises(kind, fn, *fragments):
-        """fn must raise exactly `kind` (the README's promise), naming every fragment."""
+        """fn must raise exactly `kind` (docs/usage.md's promise), naming every fragment."""
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - the type is checked below
@@ -435,7 +435,7 @@ def group_timeout_and_seq(ctx):
     assert pg._get_sequence_number_for_group() == seq + 1
     assert dist.get_backend() == "cnccl"
     assert pg.name() == "cnccl"
-    # The README says so: torch creates sub-groups afresh and does not eager-connect a backend that
+    # docs/usage.md says so: torch creates sub-groups afresh and does not eager-connect a backend that
     # cannot split.
     assert not pg.supports_splitting
 

@@ -4,7 +4,7 @@ torch.testing._internal.distributed.distributed_test, each in freshly forked ran
 
 Run by .ci/test as a pytest session of its own (the suite reads BACKEND and WORLD_SIZE when it is
 imported): `python3 -m pytest tests/upstream`. Upstream's own decorators skip the cases that
-need a GPU or name other backends; the README lists why. A case that runs and cannot pass for a
+need a GPU or name other backends; docs/testing.md lists why. A case that runs and cannot pass for a
 reason outside cnccl is in KNOWN_FAILURES with that reason, and is a strict xfail: should it start
 passing, the run fails until the entry is removed.
 """
