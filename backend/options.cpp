@@ -153,10 +153,15 @@ Config Options::resolve() const {
 }
 
 std::string Config::bytes_settings() const {
-  return "wire_dtype=" + wire_name() + ", min_bytes=" + std::to_string(min_bytes) +
-         ", sum_scaling=" + (sum_scaling == SumScaling::kWorld ? "world" : "none") +
-         ", compress_fp64=" + (compress_fp64 ? "1" : "0") + ", accumulate=" + accumulate_name() +
-         ", rounding=" + rounding_name() + ", sr_seed=" + std::to_string(sr_seed) + ", scaling=" + scaling_name();
+  // Only what is in effect: with compression off no other setting changes a byte, and the seed
+  // keys only stochastic rounding.
+  if (!wire) return "wire_dtype=none";
+  std::string text = "wire_dtype=" + wire_name() + ", min_bytes=" + std::to_string(min_bytes) +
+                     ", sum_scaling=" + (sum_scaling == SumScaling::kWorld ? "world" : "none") +
+                     ", compress_fp64=" + (compress_fp64 ? "1" : "0") + ", accumulate=" + accumulate_name() +
+                     ", rounding=" + rounding_name();
+  if (rounding == Rounding::kStochastic) text += ", sr_seed=" + std::to_string(sr_seed);
+  return text + ", scaling=" + scaling_name();
 }
 
 void agree_on_settings(c10d::Store& store, const std::string& key, int rank, int size, const Config& config,
@@ -164,14 +169,36 @@ void agree_on_settings(c10d::Store& store, const std::string& key, int rank, int
   const std::string mine = config.bytes_settings();
   auto name = [&](int r) { return key + "/" + std::to_string(r); };
   store.set(name(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> others;
   for (int r = 0; r < size; ++r) {
-    if (r == rank) continue;
-    store.wait({name(r)}, timeout);
-    const std::vector<uint8_t> bytes = store.get(name(r));
-    const std::string theirs(bytes.begin(), bytes.end());
+    if (r != rank) others.push_back(name(r));
+  }
+  if (others.empty()) return;
+  try {
+    store.wait(others, timeout);
+  } catch (const std::exception& e) {
+    std::string missing;
+    for (int r = 0; r < size; ++r) {
+      bool shown = r == rank;
+      try {
+        shown = shown || store.check({name(r)});
+      } catch (const std::exception&) {
+      }
+      if (!shown) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw errors::backend_error("cnccl: rank " + std::to_string(rank) + " waited " + std::to_string(timeout.count()) +
+                                " ms for the settings of rank(s) " + (missing.empty() ? "?" : missing) +
+                                ", which have not made their first CUDA allreduce or reduce_scatter on this group "
+                                "(or failed before it): " + e.what());
+  }
+  const std::vector<std::vector<uint8_t>> values = store.multiGet(others);
+  for (size_t i = 0; i < others.size(); ++i) {
+    const std::string theirs(values[i].begin(), values[i].end());
     if (theirs != mine) {
+      const int r = int(i) + (int(i) >= rank ? 1 : 0);
       throw errors::backend_error("cnccl: ranks disagree on the group's settings (CNCCL_* variables / Options): rank " +
-                          std::to_string(rank) + " has " + mine + "; rank " + std::to_string(r) + " has " + theirs);
+                                  std::to_string(rank) + " has " + mine + "; rank " + std::to_string(r) + " has " +
+                                  theirs);
     }
   }
 }

@@ -50,14 +50,15 @@ struct Config {
   const char* accumulate_name() const { return accumulate == Accumulate::kFp32 ? "fp32" : "wire"; }
   const char* rounding_name() const { return rounding == Rounding::kStochastic ? "sr" : "rne"; }
   const char* scaling_name() const { return scaling == Scaling::kPow2 ? "pow2" : "none"; }
-  // The settings that change the bytes a collective sends or returns, as text ranks compare.
+  // The settings in effect that change the bytes a collective sends or returns, as text ranks compare.
   std::string bytes_settings() const;
 };
 
 // Returns once every rank of the group shows the same bytes_settings() through `store` (one round,
-// under `key`); otherwise throws a DistBackendError naming a rank that differs from this one and
-// both settings. The CUDA path's check, once, when it is created: NCCL agrees on nothing per call,
-// where the CPU paths sign every call (docs/design.md, "Agreement").
+// under `key`, within `timeout`); otherwise throws a DistBackendError naming a rank that differs
+// from this one and both settings, or the ranks that never showed theirs. The CUDA path's check,
+// before its first allreduce or reduce_scatter: NCCL agrees on nothing per call, where the CPU
+// paths sign every call (docs/design.md, "Agreement").
 void agree_on_settings(c10d::Store& store, const std::string& key, int rank, int size, const Config& config,
                        std::chrono::milliseconds timeout);
 

@@ -14,6 +14,11 @@ namespace cnccl {
 
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
+namespace {
+// Under the group's store, beside cnccl/nccl, where the NCCL engine's ProcessGroupNCCL keeps its keys.
+constexpr const char* kCudaSettingsKey = "cnccl/cuda_settings";
+}  // namespace
+
 ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      c10::intrusive_ptr<cnccl::Options> options,
                                      c10::intrusive_ptr<c10d::Backend> cpu_engine,
@@ -97,6 +102,31 @@ c10d::Backend& ProcessGroupCNCCL::path_for(const std::vector<at::Tensor>& ts, co
   return ts.empty() ? *cpu_ : path_for(ts[0], op);
 }
 
+c10d::Backend& ProcessGroupCNCCL::reducing_path_for(const at::Tensor& t, const char* op) {
+  c10d::Backend& path = path_for(t, op);
+  if (&path != cpu_.get()) agree_on_cuda_settings();
+  return path;
+}
+
+c10d::Backend& ProcessGroupCNCCL::reducing_path_for(const std::vector<at::Tensor>& ts, const char* op) {
+  return ts.empty() ? *cpu_ : reducing_path_for(ts[0], op);
+}
+
+void ProcessGroupCNCCL::agree_on_cuda_settings() {
+  // Not under cuda_mutex_: abort() and shutdown() must not wait for this round.
+  std::lock_guard<std::mutex> lock(agreement_mutex_);
+  if (cuda_agreed_) return;
+  // A failed round is not run again: a rank alone could then pass it into NCCL.
+  if (cuda_disagreement_) std::rethrow_exception(cuda_disagreement_);
+  try {
+    agree_on_settings(*store_, kCudaSettingsKey, rank_, size_, config_, options_->timeout);
+    cuda_agreed_ = true;
+  } catch (...) {
+    cuda_disagreement_ = std::current_exception();
+    throw;
+  }
+}
+
 c10d::Backend& ProcessGroupCNCCL::cuda_path(const char* op) {
   std::lock_guard<std::mutex> lock(cuda_mutex_);
   if (cuda_) return *cuda_;
@@ -110,7 +140,6 @@ c10d::Backend& ProcessGroupCNCCL::cuda_path(const char* op) {
   args.group_uid = getGroupUid();
   args.group_desc = getGroupDesc();
   args.bound_device = getBoundDeviceId();
-  agree_on_settings(*store_, "cnccl_cuda_settings", rank_, size_, config_, options_->timeout);
   auto composition = std::make_unique<composed::Composition>(cuda::make_nccl_engine(args), cuda::make_cuda_device(),
                                                              config_, &stats_, rank_, size_);
   cuda_ = c10::make_intrusive<composed::ComposedPath>(rank_, size_, std::move(composition));
@@ -148,29 +177,29 @@ std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
 }
 
 WorkPtr ProcessGroupCNCCL::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  return path_for(tensors, "allreduce").allreduce(tensors, opts);
+  return reducing_path_for(tensors, "allreduce").allreduce(tensors, opts);
 }
 
 WorkPtr ProcessGroupCNCCL::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                const c10d::AllreduceCoalescedOptions& opts) {
-  return path_for(tensors, "allreduce_coalesced").allreduce_coalesced(tensors, opts);
+  return reducing_path_for(tensors, "allreduce_coalesced").allreduce_coalesced(tensors, opts);
 }
 
 WorkPtr ProcessGroupCNCCL::reduce_scatter(std::vector<at::Tensor>& outputs,
                                           std::vector<std::vector<at::Tensor>>& inputs,
                                           const c10d::ReduceScatterOptions& opts) {
-  return path_for(outputs, "reduce_scatter").reduce_scatter(outputs, inputs, opts);
+  return reducing_path_for(outputs, "reduce_scatter").reduce_scatter(outputs, inputs, opts);
 }
 
 WorkPtr ProcessGroupCNCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                 const c10d::ReduceScatterOptions& opts) {
-  return path_for(output, "reduce_scatter_tensor")._reduce_scatter_base(output, input, opts);
+  return reducing_path_for(output, "reduce_scatter_tensor")._reduce_scatter_base(output, input, opts);
 }
 
 WorkPtr ProcessGroupCNCCL::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::ReduceScatterOptions& opts) {
-  return path_for(outputs, "reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  return reducing_path_for(outputs, "reduce_scatter_tensor_coalesced").reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
 
 WorkPtr ProcessGroupCNCCL::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {

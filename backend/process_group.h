@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <exception>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -114,6 +115,12 @@ class ProcessGroupCNCCL : public c10d::Backend {
   // The path that runs a call whose first tensor is `t` (docs/design.md, "Two paths").
   c10d::Backend& path_for(const at::Tensor& t, const char* op);
   c10d::Backend& path_for(const std::vector<at::Tensor>& ts, const char* op);
+  // path_for, for the calls whose bytes the settings change (allreduce, reduce_scatter): on CUDA
+  // first the ranks' agreement on those settings, once (docs/design.md, "Agreement"). Never for a
+  // send or receive, which torch's ProcessGroupNCCL serves between two ranks alone.
+  c10d::Backend& reducing_path_for(const at::Tensor& t, const char* op);
+  c10d::Backend& reducing_path_for(const std::vector<at::Tensor>& ts, const char* op);
+  void agree_on_cuda_settings();
   // The composed path over NCCL, created on the first CUDA call; a build without CUDA says so.
   c10d::Backend& cuda_path(const char* op);
   c10::intrusive_ptr<c10d::Backend> cuda_created();  // null until the first CUDA operation
@@ -135,6 +142,9 @@ class ProcessGroupCNCCL : public c10d::Backend {
   host::HostPath* host_ = nullptr;  // cpu_ when it is the host path
   std::mutex cuda_mutex_;
   c10::intrusive_ptr<c10d::Backend> cuda_;
+  std::mutex agreement_mutex_;  // agree_on_cuda_settings
+  bool cuda_agreed_ = false;
+  std::exception_ptr cuda_disagreement_;
 };
 
 }  // namespace cnccl

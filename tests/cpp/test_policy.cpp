@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "backend/options.h"
@@ -292,17 +293,22 @@ TEST(Options, AccumulateFromEnvironmentOrField) {
   ::unsetenv("CNCCL_ACCUMULATE");
 }
 
-// Each rank's error from agree_on_settings ("" when none), ranks as threads over one store.
-std::vector<std::string> agree(const std::vector<Config>& configs) {
+// Each rank's error from agree_on_settings ("" when none), ranks as threads over one store; a rank
+// without a Config never shows its settings.
+std::vector<std::string> agree(const std::vector<std::optional<Config>>& configs,
+                               std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(configs.size());
   std::vector<std::thread> ranks;
   for (size_t r = 0; r < configs.size(); ++r) {
+    if (!configs[r]) continue;
     ranks.emplace_back([&, r] {
       try {
-        agree_on_settings(*store, "settings", int(r), int(configs.size()), configs[r], std::chrono::seconds(10));
+        agree_on_settings(*store, "settings", int(r), int(configs.size()), *configs[r], timeout);
       } catch (const c10::DistBackendError& e) {
         errors[r] = e.what_without_backtrace();
+      } catch (const std::exception& e) {
+        errors[r] = std::string("not a DistBackendError: ") + e.what();
       }
     });
   }
@@ -310,22 +316,33 @@ std::vector<std::string> agree(const std::vector<Config>& configs) {
   return errors;
 }
 
-TEST(Agreement, RanksWithTheSameSettingsAgreeWhateverTheirCpuSide) {
+TEST(Agreement, RanksAgreeOnWhatChangesNoByte) {
   Config a, b;
   b.cpu_engine = CpuEngine::kGloo;  // CPU-side choices change no byte of a CUDA collective
   b.shm = ShmMode::kOff;
+  b.sr_seed = 7;  // keys only stochastic rounding
   for (const auto& error : agree({a, b, a})) EXPECT_EQ(error, "");
+  Config off, other_off;  // compression off: nothing else changes a byte
+  off.wire = other_off.wire = std::nullopt;
+  other_off.min_bytes = 0;
+  other_off.accumulate = Accumulate::kFp32;
+  other_off.sum_scaling = SumScaling::kWorld;
+  for (const auto& error : agree({off, other_off})) EXPECT_EQ(error, "");
 }
 
 TEST(Agreement, EverySettingThatChangesTheBytesIsCompared) {
+  Config base;
+  base.accumulate = Accumulate::kFp32;
+  base.rounding = Rounding::kStochastic;
   const std::vector<std::function<void(Config&)>> changes{
-      [](Config& c) { c.wire = compress::Wire::kBf16; },       [](Config& c) { c.wire = std::nullopt; },
-      [](Config& c) { c.min_bytes = 0; },                      [](Config& c) { c.sum_scaling = SumScaling::kWorld; },
-      [](Config& c) { c.compress_fp64 = true; },               [](Config& c) { c.accumulate = Accumulate::kFp32; },
-      [](Config& c) { c.rounding = Rounding::kStochastic; },   [](Config& c) { c.sr_seed = 7; },
-      [](Config& c) { c.scaling = Scaling::kPow2; }};
+      [](Config& c) { c.wire = compress::Wire::kBf16; },      [](Config& c) { c.wire = std::nullopt; },
+      [](Config& c) { c.min_bytes = 0; },                     [](Config& c) { c.sum_scaling = SumScaling::kWorld; },
+      [](Config& c) { c.compress_fp64 = true; },              [](Config& c) { c.accumulate = Accumulate::kWire; },
+      [](Config& c) { c.rounding = Rounding::kNearest; },     [](Config& c) { c.sr_seed = 7; },
+      [](Config& c) { c.rounding = Rounding::kNearest, c.scaling = Scaling::kPow2; }};
   for (size_t i = 0; i < changes.size(); ++i) {
-    Config same, other;
+    Config same = base, other = base;
+    if (i == 8) same.rounding = Rounding::kNearest;  // pow2 needs rne: the two differ in scaling alone
     changes[i](other);
     const auto errors = agree({same, same, other});
     for (int r = 0; r < 3; ++r) {
@@ -334,6 +351,16 @@ TEST(Agreement, EverySettingThatChangesTheBytesIsCompared) {
       EXPECT_NE(e.find(r == 2 ? other.bytes_settings() : same.bytes_settings()), std::string::npos) << e;
       EXPECT_NE(e.find(r == 2 ? same.bytes_settings() : other.bytes_settings()), std::string::npos) << e;
     }
+  }
+}
+
+TEST(Agreement, ARankThatNeverShowsItsSettingsIsNamedAtTheTimeout) {
+  const auto errors = agree({Config{}, std::nullopt, Config{}, std::nullopt}, std::chrono::milliseconds(300));
+  for (int r : {0, 2}) {
+    EXPECT_NE(errors[size_t(r)].find("waited 300 ms for the settings of rank(s) 1, 3, which have not made their "
+                                     "first CUDA allreduce or reduce_scatter"),
+              std::string::npos)
+        << errors[size_t(r)];
   }
 }
 
