@@ -20,12 +20,14 @@ std::string describe(const at::Tensor& t, const Plan& plan, RedOp op) {
 }
 std::string with_root(std::string what, int64_t root) { return what + ", root " + std::to_string(root); }
 
-Call make(c10d::OpType type, const char* name, std::chrono::milliseconds requested, const Group& g,
-          std::vector<at::Tensor> outputs) {
+// `opts`: any c10d options struct (each has a timeout and asyncOp).
+template <typename Options>
+Call make(c10d::OpType type, const char* name, const Options& opts, const Group& g, std::vector<at::Tensor> outputs) {
   Call call;
   call.type = type;
   call.name = name;
-  call.timeout = requested == c10d::kUnsetTimeout ? g.timeout : requested;
+  call.timeout = opts.timeout == c10d::kUnsetTimeout ? g.timeout : opts.timeout;
+  call.async_op = opts.asyncOp;
   call.outputs = std::move(outputs);
   return call;
 }
@@ -95,7 +97,7 @@ namespace calls {
 
 Call allreduce(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts, const Group& g) {
   const at::Tensor& t = checks::single(tensors, "allreduce");
-  Call call = make(c10d::OpType::ALLREDUCE, "allreduce", opts.timeout, g, tensors);
+  Call call = make(c10d::OpType::ALLREDUCE, "allreduce", opts, g, tensors);
   add_reduction(call, t, t.numel(), t.nbytes(), opts.reduceOp, g);
   return call;
 }
@@ -103,7 +105,7 @@ Call allreduce(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOpti
 Call allreduce_coalesced(const std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts,
                          const Group& g) {
   TORCH_CHECK_VALUE(!tensors.empty(), "cnccl allreduce_coalesced: no tensors");
-  Call call = coalesced(make(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", opts.timeout, g, tensors));
+  Call call = coalesced(make(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", opts, g, tensors));
   for (const auto& t : tensors) {
     checks::host_tensor(t, "allreduce_coalesced");
     add_reduction(call, t, t.numel(), t.nbytes(), opts.reduceOp, g);
@@ -116,7 +118,7 @@ Call reduce_scatter(const std::vector<at::Tensor>& outputs, const std::vector<st
   const at::Tensor& out = checks::single(outputs, "reduce_scatter");
   TORCH_CHECK_VALUE(inputs.size() == 1, "cnccl reduce_scatter: expects one input list, got ", inputs.size());
   checks::list_like(inputs[0], g.size, out, "reduce_scatter", "input");
-  Call call = make(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts.timeout, g, outputs);
+  Call call = make(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", opts, g, outputs);
   call.plans.push_back(plan_for(out, out.nbytes() * g.size, opts.reduceOp, g));
   add(call, describe(out, call.plans[0], opts.reduceOp.op_),
       traffic(call.plans[0], out.numel() * g.size, out.nbytes() * g.size));
@@ -128,7 +130,7 @@ Call reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, co
   checks::host_tensor(output, "reduce_scatter_tensor");
   checks::host_tensor(input, "reduce_scatter_tensor");
   checks::reduce_scatter_sizes(output, input, g.size, "reduce_scatter_tensor");
-  Call call = make(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts.timeout, g, {output});
+  Call call = make(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", opts, g, {output});
   add_reduction(call, input, input.numel(), input.nbytes(), opts.reduceOp, g);
   return call;
 }
@@ -139,7 +141,7 @@ Call reduce_scatter_tensor_coalesced(const std::vector<at::Tensor>& outputs, con
                     "cnccl reduce_scatter_tensor_coalesced: needs as many outputs as inputs, got ", outputs.size(),
                     " and ", inputs.size());
   Call call = coalesced(
-      make(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", opts.timeout, g, outputs));
+      make(c10d::OpType::COALESCED, "reduce_scatter_tensor_coalesced", opts, g, outputs));
   for (size_t i = 0; i < inputs.size(); ++i) {
     checks::host_tensor(inputs[i], "reduce_scatter_tensor_coalesced");
     checks::host_tensor(outputs[i], "reduce_scatter_tensor_coalesced");
@@ -155,7 +157,7 @@ Call reduce_scatter_tensor_coalesced(const std::vector<at::Tensor>& outputs, con
 Call reduce(const std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts, const Group& g) {
   const at::Tensor& t = checks::single(tensors, "reduce");
   checks::root(opts.rootRank, g.size, "reduce");
-  Call call = make(c10d::OpType::REDUCE, "reduce", opts.timeout, g, tensors);
+  Call call = make(c10d::OpType::REDUCE, "reduce", opts, g, tensors);
   call.plans.push_back(plan_exact_reduction(g.config, t.scalar_type(), t.nbytes(), opts.reduceOp.op_,
                                             premul_factor(opts.reduceOp), g.size));
   add(call, with_root(describe(t, call.plans[0], opts.reduceOp.op_), opts.rootRank), exact_traffic(t.nbytes()));
@@ -167,7 +169,7 @@ Call allgather(const std::vector<std::vector<at::Tensor>>& outputs, const std::v
   const at::Tensor& in = checks::single(inputs, "allgather");
   TORCH_CHECK_VALUE(outputs.size() == 1, "cnccl allgather: expects one output list, got ", outputs.size());
   checks::list_like(outputs[0], g.size, in, "allgather", "output");
-  Call call = make(c10d::OpType::ALLGATHER, "allgather", opts.timeout, g, outputs[0]);
+  Call call = make(c10d::OpType::ALLGATHER, "allgather", opts, g, outputs[0]);
   add(call, describe(in), exact_traffic(in.nbytes() * g.size));
   return call;
 }
@@ -180,7 +182,7 @@ Call allgather_into_tensor(const at::Tensor& output, const at::Tensor& input, co
                    output.scalar_type(), " does not match input dtype ", input.scalar_type());
   TORCH_CHECK_VALUE(output.numel() == input.numel() * g.size, "cnccl all_gather_into_tensor: output has ",
                     output.numel(), " elements, expected world size (", g.size, ") x input (", input.numel(), ")");
-  Call call = make(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", opts.timeout, g, {output});
+  Call call = make(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", opts, g, {output});
   call.on_failure = kOutputsUndefined;
   add(call, describe(input), exact_traffic(output.nbytes()));
   return call;
@@ -204,7 +206,7 @@ Call allgather_coalesced(const std::vector<std::vector<at::Tensor>>& outputs, co
     flat_outputs.insert(flat_outputs.end(), outputs[r].begin(), outputs[r].end());
   }
   Call call = coalesced(
-      make(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", opts.timeout, g, std::move(flat_outputs)));
+      make(c10d::OpType::ALLGATHER_COALESCED, "allgather_coalesced", opts, g, std::move(flat_outputs)));
   for (const auto& in : inputs) add(call, describe(in), exact_traffic(in.nbytes() * g.size));
   return call;
 }
@@ -214,7 +216,7 @@ Call allgather_into_tensor_coalesced(const std::vector<at::Tensor>& outputs, con
   TORCH_CHECK_VALUE(outputs.size() == inputs.size() && !inputs.empty(),
                     "cnccl allgather_into_tensor_coalesced: needs as many outputs as inputs");
   Call call = coalesced(
-      make(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", opts.timeout, g, outputs));
+      make(c10d::OpType::COALESCED, "allgather_into_tensor_coalesced", opts, g, outputs));
   for (size_t i = 0; i < inputs.size(); ++i) {
     checks::host_tensor(inputs[i], "allgather_into_tensor_coalesced");
     checks::host_tensor(outputs[i], "allgather_into_tensor_coalesced");
@@ -230,7 +232,7 @@ Call allgather_into_tensor_coalesced(const std::vector<at::Tensor>& outputs, con
 Call broadcast(const std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts, const Group& g) {
   const at::Tensor& t = checks::single(tensors, "broadcast");
   checks::root(opts.rootRank, g.size, "broadcast");
-  Call call = make(c10d::OpType::BROADCAST, "broadcast", opts.timeout, g, tensors);
+  Call call = make(c10d::OpType::BROADCAST, "broadcast", opts, g, tensors);
   add(call, with_root(describe(t), opts.rootRank), exact_traffic(t.nbytes()));
   return call;
 }
@@ -239,7 +241,7 @@ Call gather(const std::vector<std::vector<at::Tensor>>& outputs, const std::vect
             const c10d::GatherOptions& opts, const Group& g) {
   const at::Tensor& in = checks::single(inputs, "gather");
   checks::root(opts.rootRank, g.size, "gather");
-  Call call = make(c10d::OpType::GATHER, "gather", opts.timeout, g,
+  Call call = make(c10d::OpType::GATHER, "gather", opts, g,
                    checks::root_list(outputs, g.rank == opts.rootRank, g.size, in, "gather", "output"));
   add(call, with_root(describe(in), opts.rootRank), exact_traffic(in.nbytes()));
   return call;
@@ -250,7 +252,7 @@ Call scatter(const std::vector<at::Tensor>& outputs, const std::vector<std::vect
   const at::Tensor& out = checks::single(outputs, "scatter");
   checks::root(opts.rootRank, g.size, "scatter");
   checks::root_list(inputs, g.rank == opts.rootRank, g.size, out, "scatter", "input");
-  Call call = make(c10d::OpType::SCATTER, "scatter", opts.timeout, g, outputs);
+  Call call = make(c10d::OpType::SCATTER, "scatter", opts, g, outputs);
   add(call, with_root(describe(out), opts.rootRank), exact_traffic(out.nbytes()));
   return call;
 }
@@ -272,7 +274,7 @@ Call alltoall_single(const at::Tensor& output, const at::Tensor& input, const st
   TORCH_CHECK_VALUE(l.send_len[g.rank] == l.recv_len[g.rank], "cnccl all_to_all_single: this rank sends itself ",
                     l.send_len[g.rank], " bytes but expects ", l.recv_len[g.rank]);
   if (layout_out) *layout_out = std::move(l);
-  Call call = make(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", opts.timeout, g, {output});
+  Call call = make(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", opts, g, {output});
   // Split sizes may differ between ranks; the dtype and row size may not.
   add(call, std::string(c10::toString(input.scalar_type())) + " rows of " + std::to_string(in_row) + " bytes",
       exact_traffic(input.nbytes()));
@@ -293,13 +295,13 @@ Call alltoall(const std::vector<at::Tensor>& outputs, const std::vector<at::Tens
   }
   TORCH_CHECK_VALUE(inputs[g.rank].nbytes() == outputs[g.rank].nbytes(),
                     "cnccl all_to_all: this rank's own input and output differ in size");
-  Call call = make(c10d::OpType::ALLTOALL, "all_to_all", opts.timeout, g, outputs);
+  Call call = make(c10d::OpType::ALLTOALL, "all_to_all", opts, g, outputs);
   add(call, c10::toString(inputs[0].scalar_type()), exact_traffic(in_total));
   return call;
 }
 
 Call barrier(const c10d::BarrierOptions& opts, const Group& g) {
-  Call call = make(c10d::OpType::BARRIER, "barrier", opts.timeout, g, {});
+  Call call = make(c10d::OpType::BARRIER, "barrier", opts, g, {});
   add(call, "", Traffic{});
   return call;
 }

@@ -17,6 +17,10 @@ namespace cnccl {
 // What a failure leaves in the caller's tensors (ends the error message).
 constexpr const char* kUntouched = "the caller's tensors were not modified";
 constexpr const char* kOutputsUndefined = "output tensors may be partially written; inputs were not modified";
+// Results written into the caller's tensors as they arrive (the shared-memory allreduce's default).
+constexpr const char* kPartialResults =
+    "the caller's tensors may hold partial results (CNCCL_UNTOUCHED_ON_FAILURE=1 / "
+    "Options(untouched_on_failure=True) keeps them as they were)";
 // Each tensor of a coalesced call is written once its own part completes.
 constexpr const char* kCoalescedFailure =
     "tensors of this coalesced call before the one that failed may already hold their results; the others were "
@@ -28,6 +32,8 @@ struct Call {
   std::chrono::milliseconds timeout;
   const char* on_failure = kUntouched;
   bool coalesced = false;
+  // False when the caller waits for the result at once (c10d's asyncOp: `async_op=False` in Python).
+  bool async_op = true;
   // Per tensor (a coalesced call has several, every other call one): what every rank must agree
   // on, what it costs on the wire, and for reductions the policy's plan.
   std::vector<std::string> signatures;

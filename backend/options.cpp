@@ -116,6 +116,9 @@ Config Options::resolve() const {
   if (auto v = env("CNCCL_ROUNDING")) c.rounding = parse_rounding(*v, "CNCCL_ROUNDING");
   if (auto v = env("CNCCL_SR_SEED")) c.sr_seed = parse_seed(*v, "CNCCL_SR_SEED");
   if (auto v = env("CNCCL_SCALING")) c.scaling = parse_scaling(*v, "CNCCL_SCALING");
+  if (auto v = env("CNCCL_UNTOUCHED_ON_FAILURE")) {
+    c.untouched_on_failure = parse_bool(*v, "CNCCL_UNTOUCHED_ON_FAILURE");
+  }
   if (wire_dtype) c.wire = parse_wire(*wire_dtype, "Options.wire_dtype");
   if (min_bytes) {
     TORCH_CHECK_VALUE(*min_bytes >= 0, "cnccl: Options.min_bytes=", *min_bytes,
@@ -130,6 +133,7 @@ Config Options::resolve() const {
   if (rounding) c.rounding = parse_rounding(*rounding, "Options.rounding");
   if (sr_seed) c.sr_seed = static_cast<uint64_t>(*sr_seed);
   if (scaling) c.scaling = parse_scaling(*scaling, "Options.scaling");
+  if (untouched_on_failure) c.untouched_on_failure = *untouched_on_failure;
   // With wire accumulation the engine's own 16-bit adds round to nearest: only the casts could be
   // stochastic, which is not what `sr` promises.
   TORCH_CHECK_VALUE(c.rounding != Rounding::kStochastic || c.accumulate == Accumulate::kFp32,

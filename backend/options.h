@@ -43,6 +43,11 @@ struct Config {
   Rounding rounding = Rounding::kNearest;
   uint64_t sr_seed = 0;
   Scaling scaling = Scaling::kNone;
+  // Whether a failed shared-memory allreduce must leave the caller's tensor as it was: results then
+  // land in a workspace and are restored only once every chunk is in, one more pass over memory
+  // (docs/design.md, "Shared memory"). Off by default, as with NCCL and gloo, whose failed
+  // collectives leave the group unusable and the tensor undefined.
+  bool untouched_on_failure = false;
 
   std::string wire_name() const { return wire ? compress::wire_name(*wire) : "none"; }
   const char* cpu_engine_name() const { return cpu_engine == CpuEngine::kGloo ? "gloo" : "ucx"; }
@@ -75,6 +80,7 @@ struct Options : c10d::Backend::Options {
   std::optional<std::string> rounding;     // rne | sr
   std::optional<int64_t> sr_seed;          // any integer (its 64 bits key Philox)
   std::optional<std::string> scaling;      // none | pow2
+  std::optional<bool> untouched_on_failure;
 
   // Overrides Backend::Options::clone() where the torch version has it (keeps the subclass).
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const;

@@ -75,6 +75,13 @@ AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memo
 AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum, bool pow2 = false);
 // Up to this many bytes on the wire the direct exchange wins (bench/allreduce.py, 2 and 4 ranks).
 constexpr int64_t kDirectAllreduceMaxBytes = 256 * 1024;
+// Whether a host-path collective runs on the thread that issued it when no thread leads and nothing
+// is queued (docs/design.md, "The caller's thread"): a synchronous one, of any size, since its caller
+// waits for it at once, and a hand-off would only add two thread wake-ups. Never an asynchronous one,
+// however small: it would block its caller until its peers come, and a program whose ranks issue
+// asynchronous calls on several groups in different orders (which gloo and NCCL complete) would then
+// wait on itself until the timeout.
+inline bool runs_on_caller_thread(bool async_op) { return !async_op; }
 
 // Throws c10::ValueError when the engine's NCCL (as ncclGetVersion reports it) cannot reduce the
 // wire dtype: NCCL's bf16 reductions arrived in 2.10.

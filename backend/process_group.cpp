@@ -173,7 +173,8 @@ std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
           {"cast_ns", stats_.cast_ns.load()},
           {"reduce_ns", stats_.reduce_ns.load()},
           {"transfer_ns", stats_.transfer_ns.load()},
-          {"restore_ns", stats_.restore_ns.load()}};
+          {"restore_ns", stats_.restore_ns.load()},
+          {"caller_thread_collectives", stats_.caller_thread_collectives.load()}};
 }
 
 WorkPtr ProcessGroupCNCCL::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {

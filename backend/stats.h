@@ -21,6 +21,9 @@ struct Stats {
   std::atomic<uint64_t> reduce_ns{0};
   std::atomic<uint64_t> transfer_ns{0};
   std::atomic<uint64_t> restore_ns{0};
+  // Host-path collectives that ran on the thread that issued or waited for them, not on the
+  // group's executor thread (host/executor.h).
+  std::atomic<uint64_t> caller_thread_collectives{0};
 
   void record(const Traffic& t) {
     collectives += 1;

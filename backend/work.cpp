@@ -60,6 +60,12 @@ void HostWork::fail(std::exception_ptr error) {
   finish(error);
 }
 
+bool HostWork::wait(std::chrono::milliseconds timeout) {
+  // Only an unbounded wait: a helping thread is bound by the collective's own timeout instead.
+  if (help_ && timeout == kNoTimeout && !isCompleted()) help_();
+  return c10d::Work::wait(timeout);
+}
+
 int HostWork::sourceRank() const {
   const int source = source_rank_.load();
   TORCH_CHECK(source >= 0, "cnccl: sourceRank() is only available on a completed receive from any source");

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,11 @@ class HostWork : public c10d::Work {
   void complete();
   void fail(std::exception_ptr error);
   void set_source_rank(int rank) { source_rank_ = rank; }
+  // Called by wait() before it blocks: lets the waiting thread run the collective itself when no
+  // thread has started it yet (host/executor.h, Executor::help). Set before the work is returned.
+  void set_helper(std::function<void()> help) { help_ = std::move(help); }
+
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
@@ -38,6 +44,7 @@ class HostWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> source_rank_{-1};
+  std::function<void()> help_;
 };
 
 // Several works as one (a coalescing window's): complete once each is, failed as the first that

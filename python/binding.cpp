@@ -55,7 +55,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
                        std::optional<std::string> cpu_engine, std::optional<std::string> shm,
                        std::optional<std::string> accumulate, std::optional<std::string> rounding,
                        std::optional<int64_t> sr_seed, std::optional<std::string> scaling,
-                       std::chrono::milliseconds timeout) {
+                       std::optional<bool> untouched_on_failure, std::chrono::milliseconds timeout) {
              auto o = c10::make_intrusive<cnccl::Options>(timeout);
              o->wire_dtype = std::move(wire_dtype);
              o->min_bytes = min_bytes;
@@ -67,6 +67,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
              o->rounding = std::move(rounding);
              o->sr_seed = sr_seed;
              o->scaling = std::move(scaling);
+             o->untouched_on_failure = untouched_on_failure;
              o->resolve();  // bad values fail here, where the user wrote them
              return o;
            }),
@@ -74,7 +75,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
            py::arg("sum_scaling") = py::none(), py::arg("compress_fp64") = py::none(),
            py::arg("cpu_engine") = py::none(), py::arg("shm") = py::none(), py::arg("accumulate") = py::none(),
            py::arg("rounding") = py::none(), py::arg("sr_seed") = py::none(), py::arg("scaling") = py::none(),
-           py::arg("timeout") = kBackendDefaultTimeout)
+           py::arg("untouched_on_failure") = py::none(), py::arg("timeout") = kBackendDefaultTimeout)
       .def_readwrite("wire_dtype", &cnccl::Options::wire_dtype)
       .def_readwrite("min_bytes", &cnccl::Options::min_bytes)
       .def_readwrite("sum_scaling", &cnccl::Options::sum_scaling)
@@ -85,6 +86,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
       .def_readwrite("rounding", &cnccl::Options::rounding)
       .def_readwrite("sr_seed", &cnccl::Options::sr_seed)
       .def_readwrite("scaling", &cnccl::Options::scaling)
+      .def_readwrite("untouched_on_failure", &cnccl::Options::untouched_on_failure)
       .def("_resolved_cpu_engine", [](const cnccl::Options& o) { return o.resolve().cpu_engine_name(); },
            "The CPU engine these options select once CNCCL_CPU_ENGINE is applied: 'ucx' or 'gloo'.")
       .def("__repr__", [](const cnccl::Options& o) {
@@ -93,7 +95,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
                ", sum_scaling=" + show(o.sum_scaling) + ", compress_fp64=" + show(o.compress_fp64) +
                ", cpu_engine=" + show(o.cpu_engine) + ", shm=" + show(o.shm) +
                ", accumulate=" + show(o.accumulate) + ", rounding=" + show(o.rounding) +
-               ", sr_seed=" + show(o.sr_seed) + ", scaling=" + show(o.scaling) + ")";
+               ", sr_seed=" + show(o.sr_seed) + ", scaling=" + show(o.scaling) +
+               ", untouched_on_failure=" + show(o.untouched_on_failure) + ")";
       });
 
   py::class_<cnccl::ProcessGroupCNCCL, c10d::Backend, IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>>(
@@ -119,6 +122,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
         d["rounding"] = c.rounding_name();
         d["sr_seed"] = c.sr_seed;
         d["scaling"] = c.scaling_name();
+        d["untouched_on_failure"] = c.untouched_on_failure;
         d["cpu_transport"] = pg.cpu_transport();
         d["timeout"] = pg.timeout();
         return d;

@@ -87,6 +87,8 @@ void reduce_scatter_alltoall(Comm& comm, char* data, const Parts& parts, size_t 
 // part alone, from its first element), or the root.
 // Writes this rank's contribution to elements [offset, offset + count) to `dst`, as sent.
 using ShmProduce = std::function<void(size_t offset, size_t count, char* dst)>;
+// Takes `count` reduced elements, element `offset` first, from `result` (as `sum` wrote them).
+using ShmConsume = std::function<void(size_t offset, size_t count, const char* result)>;
 struct ShmReduction {
   Parts parts;
   size_t elem;
@@ -98,6 +100,9 @@ struct ShmReduction {
   // Bytes per result element when `sum` writes a wider type than it reads (an fp32 sum of 16-bit
   // contributions, kOwn only); 0: `elem`.
   size_t out_elem = 0;
+  // kAll: where set, results go here chunk by chunk, straight from the shared slots (an allreduce
+  // restoring into the caller's tensor), instead of to `out`.
+  ShmConsume consume = nullptr;
 };
 void reduce_shm(ShmComm& shm, const ShmReduction& reduction);
 // Across hosts (allreduce_hierarchical.cpp): `local` reduce-scattered through this host's shared

@@ -2,6 +2,10 @@
 
 #include <ATen/core/LegacyTypeDispatch.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace cnccl::host {
 namespace {
 
@@ -15,19 +19,41 @@ constexpr std::chrono::milliseconds kIdleWait{10};
 thread_local const Executor* running_completions_of = nullptr;
 // Set when a completion on this thread stopped (and so destroyed) the executor running it.
 thread_local bool orphaned = false;
+// The executor this thread belongs to, if any.
+thread_local const Executor* own_thread_of = nullptr;
 
 }  // namespace
 
-Executor::Executor(Comm& comm) : comm_(comm) {
+namespace {
+
+unsigned fp_environment() {
+#if defined(__x86_64__)
+  return _mm_getcsr();
+#else
+  return 0;
+#endif
+}
+
+void set_fp_environment([[maybe_unused]] unsigned environment) {
+#if defined(__x86_64__)
+  _mm_setcsr(environment);
+#endif
+}
+
+}  // namespace
+
+Executor::Executor(Comm& comm) : comm_(comm), fp_environment_(fp_environment()) {
   std::lock_guard<std::mutex> lock(mutex_);
   threads_.emplace_back([this] { loop(); });
 }
 
 Executor::~Executor() { stop(); }
 
-void Executor::submit(std::function<void()> job) {
+uint64_t Executor::submit(std::function<void()> job) {
+  uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    ticket = submitted_++;
     queue_.push_back(std::move(job));
     // A callback submitting on its own group will likely wait for the result: someone must lead.
     if (running_completions_of == this && idle_ == 0 && !stopping_ && threads_.size() < kMaxThreads) {
@@ -36,6 +62,65 @@ void Executor::submit(std::function<void()> job) {
   }
   lead_cv_.notify_one();
   comm_.wake();  // a leader may be waiting on the network for point-to-point messages
+  return ticket;
+}
+
+bool Executor::run_here(std::function<void()>& job) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (leading_ || !queue_.empty() || background_ || stopping_) return false;
+  leading_ = true;
+  ++submitted_;
+  ++started_;
+  run_leading_here(job, lock);
+  finish_leading_here(lock);
+  return true;
+}
+
+bool Executor::help(uint64_t ticket) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (leading_ || background_ || stopping_ || started_ > ticket) return false;
+  leading_ = true;
+  while (started_ <= ticket && !queue_.empty()) {
+    std::function<void()> job = std::move(queue_.front());
+    queue_.pop_front();
+    ++started_;
+    run_leading_here(job, lock);
+  }
+  finish_leading_here(lock);
+  return true;
+}
+
+void Executor::run_leading_here(std::function<void()>& job, std::unique_lock<std::mutex>& lock) {
+  lock.unlock();
+  const unsigned callers = fp_environment();
+  set_fp_environment(fp_environment_);
+  try {
+    // As on the executor's threads (loop()).
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    job();
+  } catch (...) {
+    set_fp_environment(callers);
+    lock.lock();
+    finish_leading_here(lock);
+    throw;
+  }
+  set_fp_environment(callers);
+  lock.lock();
+}
+
+void Executor::finish_leading_here(std::unique_lock<std::mutex>& lock) {
+  std::vector<std::function<void()>> done;
+  done.swap(completions_);
+  background_ = comm_.has_background();
+  leading_ = false;
+  // Jobs submitted meanwhile, and stop(), wait for the lead. Only they: a needless wake-up of the
+  // idle executor thread costs a context switch on the caller's core at every call.
+  if (!queue_.empty() || background_ || stopping_) lead_cv_.notify_all();
+  lock.unlock();
+  const Executor* outer = running_completions_of;
+  running_completions_of = this;
+  for (auto& completion : done) completion();
+  running_completions_of = outer;
 }
 
 void Executor::defer(std::function<void()> completion) { completions_.push_back(std::move(completion)); }
@@ -44,6 +129,7 @@ void Executor::stop() {
   std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_) return;  // the comm it holds may be gone
     stopping_ = true;
   }
   lead_cv_.notify_all();
@@ -61,8 +147,13 @@ void Executor::stop() {
   }
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (threads_.empty()) return;
+      std::unique_lock<std::mutex> lock(mutex_);
+      // A caller's thread may still be leading (run_here).
+      if (!own_thread) lead_cv_.wait(lock, [&] { return !leading_; });
+      if (threads_.empty()) {
+        stopped_ = true;
+        return;
+      }
       threads.swap(threads_);
     }
     // A leader may have started one more thread while these were being joined.
@@ -86,7 +177,10 @@ void Executor::complete(std::unique_lock<std::mutex>& lock) {
   lock.lock();
 }
 
+bool Executor::on_own_thread() const { return own_thread_of == this; }
+
 void Executor::loop() {
+  own_thread_of = this;
   // This thread writes into the caller's tensors while the caller's thread may be running autograd
   // on them (DDP with create_graph=True): docs/design.md, "Threads and autograd".
   at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -130,6 +224,7 @@ void Executor::lead(std::unique_lock<std::mutex>& lock) {
   if (!queue_.empty()) {
     job = std::move(queue_.front());
     queue_.pop_front();
+    ++started_;
   }
   const bool stopping = stopping_;
   lock.unlock();

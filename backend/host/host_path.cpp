@@ -87,7 +87,7 @@ HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int s
   } else {
     no_shm_because_ = "a single rank";
   }
-  executor_ = std::make_unique<Executor>(*comm_);
+  executor_ = std::make_shared<Executor>(*comm_);
 }
 
 HostPath::~HostPath() { shutdown(); }
@@ -133,8 +133,10 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
   const uint64_t seq = seq_.fetch_add(steps.size());
   auto work = c10::make_intrusive<HostWork>(rank_, call.type, seq, call.outputs);
   profile_collective(call.type, call.outputs, call.wire(), work->getFuture());
-  executor_->submit([this, work, seq, call = std::move(call), steps = std::move(steps)] {
+  const bool here = runs_on_caller_thread(call.async_op);
+  std::function<void()> job = [this, work, seq, call = std::move(call), steps = std::move(steps)] {
     const bool posts = broken_.empty();  // a broken group fails the call before any message
+    if (!executor_->on_own_thread()) stats_.caller_thread_collectives += 1;
     try {
       if (!broken_.empty()) {
         throw errors::backend_error(std::string("cnccl ") + call.name + " (seq " + std::to_string(seq) +
@@ -156,9 +158,18 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
       if (broken_.empty()) broken_ = what;
       // The steps hold every tensor the call's messages read or write.
       if (posts) comm_->keep_until_quiesced(std::make_shared<std::vector<Step>>(steps));
-      auto error = std::make_exception_ptr(errors::backend_error(what + " (" + call.on_failure + ")"));
+      const char* left = call.on_failure;
+      for (const Step& s : steps) {
+        if (s.wrote_results && *s.wrote_results) left = kPartialResults;
+      }
+      auto error = std::make_exception_ptr(errors::backend_error(what + " (" + left + ")"));
       executor_->defer([work, error] { work->fail(error); });
     }
+  };
+  if (here && executor_->run_here(job)) return work;
+  const uint64_t ticket = executor_->submit(std::move(job));
+  work->set_helper([executor = std::weak_ptr<Executor>(executor_), ticket] {
+    if (auto e = executor.lock()) e->help(ticket);
   });
   return work;
 }
@@ -169,11 +180,14 @@ void HostPath::run(const Step& step) {
   PhaseTimer timer;
   if (step.pre) step.pre(buffers);
   timer.lap(stats_.cast_ns);
-  // The algorithm's reducers and producers count their own time (reduce_ns, cast_ns).
-  const uint64_t reduce_before = stats_.reduce_ns.load(), cast_before = stats_.cast_ns.load();
+  // The algorithm's reducers, producers and consumers count their own time (reduce_ns, cast_ns,
+  // restore_ns).
+  const uint64_t reduce_before = stats_.reduce_ns.load(), cast_before = stats_.cast_ns.load(),
+                 restore_before = stats_.restore_ns.load();
   step.algorithm(buffers);
   timer.lap(stats_.transfer_ns);
-  stats_.transfer_ns -= (stats_.reduce_ns.load() - reduce_before) + (stats_.cast_ns.load() - cast_before);
+  stats_.transfer_ns -= (stats_.reduce_ns.load() - reduce_before) + (stats_.cast_ns.load() - cast_before) +
+                        (stats_.restore_ns.load() - restore_before);
   if (step.post) step.post(buffers);
   timer.lap(stats_.restore_ns);
 }
@@ -185,6 +199,8 @@ Producer HostPath::timed_producer(Producer produce) { return timed(std::move(pro
 RankSum HostPath::timed_reducer(RankSum sum) { return timed(std::move(sum), stats_.reduce_ns); }
 
 ShmProduce HostPath::timed_producer(ShmProduce produce) { return timed(std::move(produce), stats_.cast_ns); }
+
+ShmConsume HostPath::timed_consumer(ShmConsume consume) { return timed(std::move(consume), stats_.restore_ns); }
 
 c10::intrusive_ptr<c10d::Work> HostPath::submit_p2p(c10d::OpType type, at::Tensor tensor, int peer, int tag,
                                                     bool is_send) {

@@ -101,6 +101,9 @@ class HostPath final : public c10d::Backend {
     std::function<void(const Buffers&)> pre, algorithm, post;
     // The algorithm goes through shared memory, whose first step agrees on the signature.
     bool on_shm = false;
+    // Set once the algorithm has written results into the caller's tensor (as they arrive): a
+    // failure after that leaves it partly written. Null for steps that never do.
+    std::shared_ptr<bool> wrote_results;
   };
 
   // The funnel: records `call`'s traffic and queues its steps, one per signature.
@@ -113,6 +116,8 @@ class HostPath final : public c10d::Backend {
   Producer timed_producer(Producer produce);
   RankSum timed_reducer(RankSum sum);
   ShmProduce timed_producer(ShmProduce produce);
+  // A shared-memory reduction's consumer, timed into restore_ns.
+  ShmConsume timed_consumer(ShmConsume consume);
   // The steps of the reductions, shared by their list, tensor and coalesced forms.
   Step allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
@@ -143,7 +148,8 @@ class HostPath final : public c10d::Backend {
   std::unique_ptr<Comm> cross_;   // with shm_ on several hosts: the ranks of this one's local rank, one per host
   std::string no_shm_because_;
   std::string broken_;  // executor thread only: the first failure, after which the group is unusable
-  std::unique_ptr<Executor> executor_;
+  // Shared with the works' helpers (HostWork::set_helper), which hold it weakly.
+  std::shared_ptr<Executor> executor_;
 };
 
 }  // namespace cnccl::host

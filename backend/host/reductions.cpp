@@ -33,9 +33,31 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
   const compress::Dither contributions = dithered.first, sums = dithered.second;
   auto src = std::make_shared<at::Tensor>();  // the tensor as one block, from pre on
   Step step;
-  step.workspace_bytes = n * elem;
   const bool through_shm = algorithm == AllreduceAlgorithm::kShm || algorithm == AllreduceAlgorithm::kHierarchical;
   step.on_shm = algorithm == AllreduceAlgorithm::kShm;
+  // Through shared memory the results go straight from the slots into the caller's tensor, a pass
+  // less than restoring from a workspace after the last chunk, unless the group asked for its
+  // tensors to stay as they were when a collective fails (docs/design.md, "Shared memory").
+  const bool direct = step.on_shm && tensor.is_contiguous() && !config_.untouched_on_failure;
+  step.workspace_bytes = direct ? 0 : n * elem;
+  if (direct) {
+    step.wrote_results = std::make_shared<bool>(false);
+    step.algorithm = [=, this, wrote = step.wrote_results](const Buffers&) {
+      char* x = static_cast<char*>(tensor.data_ptr());
+      const size_t wide = tensor.element_size();
+      ShmReduction reduction{Parts::even(n, shm_->size()), elem,
+                             timed_producer(shm_producer([=](size_t i) { return x + i * wide; }, plan, dtype,
+                                                         contributions)),
+                             timed_reducer(rank_sum(plan, dtype, shm_->size(), sums)), nullptr, ShmReduction::kAll};
+      reduction.consume = timed_consumer([consume = shm_consumer(x, plan, dtype), wrote](
+                                             size_t offset, size_t count, const char* result) {
+        *wrote = true;
+        consume(offset, count, result);
+      });
+      reduce_shm(*shm_, reduction);
+    };
+    return step;
+  }
   step.pre = [=](const Buffers& b) {
     *src = tensor.contiguous();
     if (fused || through_shm) return;  // cast as the ring reduces (FusedCast), or as shared memory takes it

@@ -29,11 +29,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kMagic = 0x636e63636c73686dull;  // "cnccl shm"
 constexpr size_t kSignatureBytes = 256;
-// How long a waiter spins before it sleeps. A futex wake-up on an idle core of this kind of VM
-// takes 100 us or more, and a peer is often that far behind (its own executor thread waking): 4K
-// allreduces at 2 ranks took 110-140 us with 30 us of spinning and 30-45 us with 200 (bench/
-// allreduce.py); with --busy 2 the two were within the run-to-run noise.
-constexpr std::chrono::microseconds kSpin{200};
+// How long a waiter spins before it sleeps until it has measured a wake-up (ShmComm::spin_after).
+// A futex wake-up on an idle core of a 2-core VM took 100 us or more: 4K allreduces at 2 ranks took
+// 110-140 us with 30 us of spinning and 30-45 us with 200 (bench/allreduce.py).
+constexpr std::chrono::microseconds kFirstSpin{200};
 // The longest a sleeping waiter goes without looking at its deadline, abort flag and peer.
 constexpr auto kMaxSleep = std::chrono::milliseconds(1);
 
@@ -52,9 +51,10 @@ uint32_t* futex_word(const std::atomic<uint64_t>& counter) {
   return reinterpret_cast<uint32_t*>(const_cast<std::atomic<uint64_t>*>(&counter));
 }
 
-void futex_wait(const std::atomic<uint64_t>& counter, uint32_t seen, std::chrono::nanoseconds limit) {
+// Whether a FUTEX_WAKE ended the sleep (not the limit, nor a counter that had already moved).
+bool futex_wait(const std::atomic<uint64_t>& counter, uint32_t seen, std::chrono::nanoseconds limit) {
   timespec ts{0, long(limit.count())};
-  ::syscall(SYS_futex, futex_word(counter), FUTEX_WAIT, seen, &ts, nullptr, 0);
+  return ::syscall(SYS_futex, futex_word(counter), FUTEX_WAIT, seen, &ts, nullptr, 0) == 0;
 }
 
 void futex_wake(const std::atomic<uint64_t>& counter) {
@@ -79,6 +79,8 @@ struct ShmComm::Control {
   uint64_t token;  // proves a peer mapped this very segment
   Line counters[kCounters];
   Line sleeping;  // nonzero while this rank may sleep on a peer's counter
+  // By counter: when this rank last woke peers sleeping on it (steady clock, shared by the host).
+  Line woke_ns[kCounters];
   struct Header {
     uint64_t step;
     char text[kSignatureBytes];
@@ -271,7 +273,7 @@ std::unique_ptr<ShmComm> ShmComm::connect(c10d::Store& store, int rank, int size
     quotas.push_back(all[r].quota_cpus);
   }
   const bool shared = oversubscribed(affinities, quotas, int(std::thread::hardware_concurrency()));
-  const auto spin = shared ? std::chrono::microseconds(0) : kSpin;
+  const auto spin = shared ? std::chrono::microseconds(0) : kFirstSpin;
   return std::unique_ptr<ShmComm>(new ShmComm(local_rank, int(local.size()), std::move(group_name), std::move(segments),
                                               std::move(peers), std::move(hosts), host, spin));
 }
@@ -282,6 +284,14 @@ ShmComm::ShmComm(int rank, int size, std::string group_name, std::vector<Segment
     : rank_(rank), size_(size), group_name_(std::move(group_name)), segments_(std::move(segments)),
       peers_(std::move(peers)), hosts_(std::move(hosts)), host_(host), spin_(spin) {
   kill_at_posted_step_ = fault_injection::kill_at(fault_injection::kShmStep, global_rank(rank));
+}
+
+std::chrono::microseconds ShmComm::spin_after(std::chrono::microseconds spin, std::chrono::nanoseconds wake_up) {
+  // An average over the last few wake-ups (weight 1/8 each): one slow wake-up (a preempted
+  // waiter) moves it little.
+  const auto sample = std::chrono::duration_cast<std::chrono::microseconds>(wake_up);
+  const auto averaged = spin + (sample - spin) / 8;
+  return std::clamp(averaged, kMinSpin, kMaxSpin);
 }
 
 size_t ShmComm::piece_elements(int ranks, size_t elem) {
@@ -337,6 +347,8 @@ void ShmComm::post(Counter counter, uint64_t step) {
   if (counter == kPosted) fault_injection::count(posted_steps_, kill_at_posted_step_);
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_ && control(peer).sleeping.value.load(std::memory_order_seq_cst)) {
+      own.woke_ns[counter].value.store(uint64_t(Clock::now().time_since_epoch().count()),
+                                       std::memory_order_relaxed);
       futex_wake(own.counters[counter].value);
       return;
     }
@@ -386,9 +398,16 @@ void ShmComm::wait_one(int peer, Counter counter, uint64_t step) {
     }
     sleeping.store(1, std::memory_order_seq_cst);
     const uint64_t seen = theirs.load(std::memory_order_seq_cst);
-    if (seen < step) futex_wait(theirs, uint32_t(seen), std::min<Clock::duration>(kMaxSleep, deadline_ - now));
+    const bool woken =
+        seen < step && futex_wait(theirs, uint32_t(seen), std::min<Clock::duration>(kMaxSleep, deadline_ - now));
     sleeping.store(0, std::memory_order_relaxed);
-    if (theirs.load(std::memory_order_acquire) >= step) return;
+    if (theirs.load(std::memory_order_acquire) >= step) {
+      // Woken by this peer's post: what the sleep cost past the post, the measure of how long to spin.
+      const Clock::time_point woke{
+          Clock::duration(control(peer).woke_ns[counter].value.load(std::memory_order_relaxed))};
+      if (woken && spins() && woke > now) spin_ = spin_after(spin_, Clock::now() - woke);
+      return;
+    }
   }
 }
 

@@ -48,8 +48,17 @@ class ShmComm {
   // The group's ranks by host (hosts in the order of their lowest rank), and this rank's host.
   const std::vector<std::vector<int>>& hosts() const { return hosts_; }
   int host() const { return host_; }
-  // Whether a waiter spins a while before it sleeps (docs/design.md, "The channel").
+  // Whether a waiter spins a while before it sleeps (docs/design.md, "The channel"), and how long.
   bool spins() const { return spin_.count() > 0; }
+  std::chrono::microseconds spin() const { return spin_; }
+  // The spin budget after a waiter measured a futex wake-up (from its waker's post to its own
+  // return) of `wake_up`: an average of the wake-ups seen so far, within [kMinSpin, kMaxSpin].
+  // Spinning as long as a sleep and wake-up costs keeps any wait within twice its best cost
+  // (whether the peer then comes sooner or later).
+  static std::chrono::microseconds spin_after(std::chrono::microseconds spin, std::chrono::nanoseconds wake_up);
+  // At most half the longest sleep between checks of the deadline and peers: measured wake-ups
+  // include waiting for a core, which a busy machine can stretch.
+  static constexpr std::chrono::microseconds kMinSpin{10}, kMaxSpin{500};
 
   // The CPU quota, in whole CPUs rounded up, of the cgroup (v2) named for this process in
   // `proc_cgroup` (/proc/self/cgroup) under `root` (/sys/fs/cgroup): the smallest `cpu.max` of it

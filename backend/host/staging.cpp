@@ -24,6 +24,20 @@ Reducer aten_reducer(at::ScalarType dtype, RedOp op) {
   };
 }
 
+// dst = inputs[0] + inputs[1] + ... in rank order, as the ATen reducer folds them (the same IEEE
+// adds, so the same bits) without its dispatch, which dominates a small collective.
+template <typename T>
+void sum_in_rank_order(const char* const* inputs, int size, char* dst, size_t count) {
+  auto* out = reinterpret_cast<T*>(dst);
+  const auto* first = reinterpret_cast<const T*>(inputs[0]);
+  const auto* second = reinterpret_cast<const T*>(inputs[1]);
+  for (size_t i = 0; i < count; ++i) out[i] = first[i] + second[i];
+  for (int q = 2; q < size; ++q) {
+    const auto* in = reinterpret_cast<const T*>(inputs[q]);
+    for (size_t i = 0; i < count; ++i) out[i] += in[i];
+  }
+}
+
 }  // namespace
 
 at::Tensor view(char* data, int64_t numel, at::ScalarType dtype) {
@@ -88,6 +102,23 @@ ShmProduce shm_producer(std::function<const char*(size_t index)> source, const P
   };
 }
 
+ShmConsume shm_consumer(char* dst, const Plan& plan, at::ScalarType dtype) {
+  const size_t elem = at::elementSize(dtype);
+  if (!plan.compress) {
+    return [dst, plan, dtype, elem](size_t offset, size_t count, const char* result) {
+      copy_bytes(dst + offset * elem, result, count * elem);
+      post_scale(dst + offset * elem, int64_t(count), dtype, plan);
+    };
+  }
+  check_wide(dtype);
+  return [dst, plan, dtype, elem](size_t offset, size_t count, const char* result) {
+    const auto* wire = reinterpret_cast<const uint16_t*>(result);
+    char* y = dst + offset * elem;
+    if (dtype == at::kFloat) return compress::restore(wire, reinterpret_cast<float*>(y), count, float(plan.post_scale), plan.wire);
+    compress::restore(wire, reinterpret_cast<double*>(y), count, float(plan.post_scale), plan.wire);
+  };
+}
+
 RankSum rank_sum(const Plan& plan, at::ScalarType dtype, int size, const compress::Dither& dither) {
   if (plan.compress && plan.inner_op == RedOp::SUM) {
     return [plan, size, dither](const char* const* inputs, char* dst, size_t first, size_t count) {
@@ -95,6 +126,12 @@ RankSum rank_sum(const Plan& plan, at::ScalarType dtype, int size, const compres
       auto* out = reinterpret_cast<uint16_t*>(dst);
       if (plan.stochastic) return compress::sum(in, size_t(size), out, count, plan.wire, dither, first);
       compress::sum(in, size_t(size), out, count, plan.wire);
+    };
+  }
+  if (!plan.compress && plan.inner_op == RedOp::SUM && size >= 2 && (dtype == at::kFloat || dtype == at::kDouble)) {
+    return [double_sum = dtype == at::kDouble, size](const char* const* inputs, char* dst, size_t, size_t count) {
+      if (double_sum) return sum_in_rank_order<double>(inputs, size, dst, count);
+      sum_in_rank_order<float>(inputs, size, dst, count);
     };
   }
   const size_t elem = plan.compress ? 2 : at::elementSize(dtype);

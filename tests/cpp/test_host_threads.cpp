@@ -141,22 +141,32 @@ TEST_P(HostThreads, TheLastReferenceDroppedInACallbackShutsTheGroupDownOnItsOwnT
 }
 
 TEST_P(HostThreads, AbortFromAnotherThreadEndsOutstandingWork) {
-  on_ranks(2, [](int rank, Group pg) {
-    if (rank == 1) return;  // never joins: rank 0's work can only end by abort()
-    std::vector<at::Tensor> tensors{at::ones({1024})};
-    auto work = pg->allreduce(tensors);
-    std::thread aborter([&] { pg->abort(); });
-    // Rank 1 never joins, so only abort() can end the work: the error must say so.
-    try {
-      work->wait();
-      ADD_FAILURE() << "the work completed without its peer";
-    } catch (const c10::DistBackendError& e) {
-      EXPECT_NE(std::string(e.what()).find("abort() was called"), std::string::npos) << e.what();
-    }
-    aborter.join();
-    EXPECT_TRUE(work->isCompleted());
-    EXPECT_TRUE(at::equal(tensors[0], at::ones({1024}))) << "an aborted collective changed the caller's tensor";
-  });
+  // Waited for at once, so run on this thread (Executor::help) unless the executor's began it;
+  // abort() comes while the caller waits, in either place. One chunk through shared memory, and many.
+  for (int64_t n : {int64_t(1024), int64_t(1) << 20}) {
+    std::atomic<bool> done{false};
+    on_ranks(2, [n, &done](int rank, Group pg) {
+      if (rank == 1) {
+        // Never joins, but keeps its group (a peer that left would fail the work first).
+        while (!done.load()) std::this_thread::yield();
+        return;
+      }
+      std::vector<at::Tensor> tensors{at::ones({n})};
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        pg->abort();
+      });
+      try {
+        pg->allreduce(tensors)->wait();
+        ADD_FAILURE() << "the work completed without its peer";
+      } catch (const c10::DistBackendError& e) {
+        EXPECT_NE(std::string(e.what()).find("abort() was called"), std::string::npos) << n << ": " << e.what();
+      }
+      aborter.join();
+      EXPECT_TRUE(at::equal(tensors[0], at::ones({n}))) << "an aborted collective changed the caller's tensor";
+      done = true;
+    });
+  }
 }
 
 // A failed collective's messages may still be moving when the caller frees its tensors and then

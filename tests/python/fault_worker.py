@@ -29,16 +29,41 @@ def values(rank, n=N):
 
 def allreduce(rank, world, pending):
     t, b = values(rank), torch.full((1000,), float(rank + 10))
-    pending.append((dist.all_reduce(t, async_op=True), t, values(rank)))
-    pending.append((dist.broadcast(b, 0, async_op=True), b, torch.full((1000,), float(rank + 10))))
     want = sum(values(r) for r in range(world))
+    pending.append((dist.all_reduce(t, async_op=True), t, values(rank), want))
+    pending.append((dist.broadcast(b, 0, async_op=True), b, torch.full((1000,), float(rank + 10)), None))
     return lambda: torch.equal(t, want) and torch.all(b == 10.0)
+
+
+SMALL = 1 << 16  # 256 KiB of fp32: one shared-memory step
+# What the synchronous call that failed left in its tensor (tensor_state), for main() to report.
+failed_synchronous_call = {}
+
+
+def tensor_state(tensor, before, want):
+    """What a reduction that failed left in its tensor: as it was, or each element either as it was
+    or its result ("partial"), or anything else ("corrupt")."""
+    if torch.equal(tensor, before):
+        return "unmodified"
+    return "partial" if bool(((tensor == before) | (tensor == want)).all()) else "corrupt"
+
+
+def sync_allreduce(rank, world, pending):
+    """Synchronous: it runs on this thread (docs/design.md, "The caller's thread")."""
+    t = values(rank, SMALL)
+    want = sum(values(r, SMALL) for r in range(world))
+    try:
+        dist.all_reduce(t)
+    except dist.DistBackendError:
+        failed_synchronous_call["failed_tensor"] = tensor_state(t, values(rank, SMALL), want)
+        raise
+    return lambda: torch.equal(t, want)
 
 
 def all_to_all(rank, world, pending):
     x = values(rank) + 1000 * rank
     out = torch.full_like(x, -1.0)
-    pending.append((dist.all_to_all_single(out, x, async_op=True), None, None))
+    pending.append((dist.all_to_all_single(out, x, async_op=True), None, None, None))
     each = N // world
     want = torch.cat([(values(r) + 1000 * r)[rank * each:(rank + 1) * each] for r in range(world)])
     return lambda: torch.equal(out, want)
@@ -47,7 +72,7 @@ def all_to_all(rank, world, pending):
 def gather(rank, world, pending):
     x = values(rank)
     outs = [torch.full_like(x, -1.0) for _ in range(world)] if rank == 0 else None
-    pending.append((dist.gather(x, outs, dst=0, async_op=True), None, None))
+    pending.append((dist.gather(x, outs, dst=0, async_op=True), None, None, None))
     return lambda: rank != 0 or all(torch.equal(outs[r], values(r)) for r in range(world))
 
 
@@ -56,11 +81,12 @@ def p2p(rank, world, pending):
     x, got = values(rank), torch.full((N,), -1.0)
     ops = [dist.P2POp(dist.isend, x, (rank + 1) % world), dist.P2POp(dist.irecv, got, (rank - 1) % world)]
     for w in dist.batch_isend_irecv(ops):
-        pending.append((w, None, None))
+        pending.append((w, None, None, None))
     return lambda: torch.equal(got, values((rank - 1) % world))
 
 
-OPS = {"allreduce": allreduce, "all_to_all": all_to_all, "gather": gather, "p2p": p2p,
+OPS = {"allreduce": allreduce, "sync_allreduce": sync_allreduce, "all_to_all": all_to_all, "gather": gather,
+       "p2p": p2p,
        # allreduce in power-of-two frames: on a shared-memory group its frames go over UCX.
        "pow2": allreduce}
 
@@ -85,18 +111,18 @@ def main():
                 os.kill(os.getpid(), signal.SIGKILL)
             pending = []
             correct = OPS[op](rank, world, pending)
-            for w, tensor, before in pending:
+            for w, tensor, before, want in pending:
                 try:
                     w.wait()
                 except dist.DistBackendError:
                     if tensor is not None:
-                        # The reduction that failed must have left its tensor as it was.
-                        result["failed_tensor_unmodified"] = bool(torch.equal(tensor, before))
+                        result["failed_tensor"] = tensor_state(tensor, before, want)
                     raise
             assert correct(), f"{op} {i}: wrong result"
             last_ok = time.monotonic()
         result["error"] = None
     except dist.DistBackendError as e:
+        result.update(failed_synchronous_call)
         result["error"] = str(e).split("\nException raised from")[0]
         result["seconds_to_error"] = time.monotonic() - last_ok
     start = time.monotonic()

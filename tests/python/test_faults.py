@@ -1,8 +1,9 @@
 """A rank killed with SIGKILL in a stream of collectives, through shared memory and over UCX, and in
 the collectives a shared-memory group sends over UCX (all_to_all, gather, point-to-point, frames):
 every survivor gets a DistBackendError naming the dead rank well before the group's timeout, never
-an abort, the reduction that failed leaves its tensor as it was, destroy_process_group() returns,
-and nothing of the job's shared memory outlives it.
+an abort, the reduction that failed leaves its tensor as it was (or, for a shared-memory allreduce
+without CNCCL_UNTOUCHED_ON_FAILURE, each element as it was or its result), destroy_process_group()
+returns, and nothing of the job's shared memory outlives it.
 
 "during" kills are injected at a named point (backend/host/fault_injection.h): the victim's k-th
 shared-memory step posted, or its k-th large UCX send posted (a rendezvous in flight), so the kill
@@ -39,11 +40,16 @@ def dev_shm_files():
     return {name for name in os.listdir("/dev/shm") if "cnccl" in name or "ucx" in name}
 
 
-def run(world_size, victim, engine, op, when, hook=None):
+def run(world_size, victim, engine, op, when, hook=None, untouched=False):
     out = tempfile.mkdtemp(prefix="cnccl-faults-")
     here = os.path.dirname(os.path.abspath(__file__))
     dev_shm_before = dev_shm_files()
     env = {**engine_env(engine), **({hook[0]: f"{victim}:{hook[1]}"} if hook else {})}
+    if untouched:
+        env["CNCCL_UNTOUCHED_ON_FAILURE"] = "1"
+    # Only the shared-memory allreduce writes results as they arrive (docs/design.md, "Where an
+    # allreduce's results land").
+    may_be_partial = engine == "shm" and op == "allreduce" and not untouched
     store, procs = launch([os.path.join(here, "fault_worker.py"), str(victim), "3", str(GROUP_TIMEOUT), when, op],
                           world_size, env, out)
     codes = wait_all(procs, 120)
@@ -64,7 +70,8 @@ def run(world_size, victim, engine, op, when, hook=None):
         assert peer and int(peer.group(1) or peer.group(2)) != rank, result
         if world_size == 2:
             assert f"[peer rank {victim}]" in result["error"], result
-        assert result.get("failed_tensor_unmodified", True), result
+        assert result.get("failed_tensor", "unmodified") in (("unmodified", "partial") if may_be_partial else
+                                                              ("unmodified",)), result
         assert result["seconds_to_error"] < DETECTION_SECONDS, result
         assert result["destroy_seconds"] < 15, result
         assert result["segments_mapped"] == [], result
@@ -82,6 +89,19 @@ def test_sigkilled_between_collectives(world_size, victim, engine):
 @pytest.mark.parametrize("engine,hook", [("shm", (SHM_STEP, 12)), ("ucx", (LARGE_SEND, 5))])
 def test_sigkilled_during_an_allreduce(world_size, victim, engine, hook):
     run(world_size, victim, engine, "allreduce", "during", hook)
+
+
+# The same through shared memory with the tensor kept as it was until the last chunk is in.
+@pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 0), (4, 2)])
+def test_sigkilled_during_an_allreduce_that_leaves_its_tensor_untouched(world_size, victim):
+    run(world_size, victim, "shm", "allreduce", "during", (SHM_STEP, 12), untouched=True)
+
+
+# Synchronous allreduces of 256 KiB, each one step and run on the caller's thread: the victim dies
+# right after posting its 7th (every survivor is then waiting in it, on its own thread).
+@pytest.mark.parametrize("world_size,victim", [(2, 0), (3, 2)])
+def test_sigkilled_during_an_allreduce_on_the_callers_thread(world_size, victim):
+    run(world_size, victim, "shm", "sync_allreduce", "during", (SHM_STEP, 7))
 
 
 # On a shared-memory group with UCX's default transports, the collectives that go over UCX; the

@@ -6,6 +6,7 @@ Each case makes its own groups: a group that failed is unusable afterwards, by d
 
 import datetime
 import re
+import threading
 import time
 
 import pytest
@@ -218,6 +219,76 @@ def abort_ends_outstanding_work(ctx):
 @case(min_world=2)
 def shutdown_ends_outstanding_work(ctx):
     ends_outstanding_work(ctx, lambda g: g._get_backend(torch.device("cpu")).shutdown(), "shutdown")
+
+
+def host_path(g):
+    """Whether the group's CPU collectives take cnccl's host path (not gloo under the composed path),
+    whose synchronous calls run on the caller's thread (docs/design.md, "The caller's thread")."""
+    return cnccl.config(g)["cpu_engine"] == "ucx"
+
+
+def caller_thread_count(g):
+    return cnccl.stats(g)["caller_thread_collectives"]
+
+
+@case(min_world=2)
+def synchronous_calls_run_on_the_callers_thread_in_call_order(ctx):
+    """A synchronous call with nothing queued runs on the caller's thread; one issued behind queued
+    asynchronous calls runs after them. Rank 0 queues three large allreduces, the others run them one by
+    one, then every rank makes a synchronous one: were rank 0's run ahead of its queue, the ranks would
+    disagree on the order (an error), or sum the wrong tensors."""
+    g = ctx.group(timeout=60)
+    here = host_path(g)
+    small = torch.full((1000,), float(ctx.rank))
+    before = caller_thread_count(g)
+    dist.all_reduce(small, group=g)
+    assert torch.equal(small, torch.full((1000,), float(sum(range(ctx.world)))))
+    assert caller_thread_count(g) - before == (1 if here else 0)
+
+    large = [torch.full((1 << 20,), float(ctx.rank + i)) for i in range(3)]
+    if ctx.rank == 0:
+        works = [dist.all_reduce(t, group=g, async_op=True) for t in large]
+    else:
+        works = []
+        for t in large:
+            dist.all_reduce(t, group=g)
+    small = torch.arange(1000, dtype=torch.float32) + ctx.rank
+    dist.all_reduce(small, group=g)
+    for w in works:
+        w.wait()
+    for i, t in enumerate(large):
+        assert torch.equal(t, torch.full((1 << 20,), float(sum(range(ctx.world)) + ctx.world * i))), i
+    assert torch.equal(small, ctx.world * torch.arange(1000, dtype=torch.float32) + sum(range(ctx.world)))
+    dist.destroy_process_group(g)
+
+
+@case(min_world=2)
+def a_call_whose_peers_never_come_fails_at_the_timeout_and_abort_ends_it(ctx):
+    """A call the caller waits for (an asynchronous one waited at once, then a synchronous one), run on the
+    caller's thread, waits for its peers there: bounded by the group's timeout, and ended at once by
+    abort() from another thread. The tensors stay as they were."""
+    timeout = 3
+    groups = [ctx.group(timeout=timeout), ctx.group(timeout=60)]
+    if ctx.rank == 0:
+        t = torch.full((10,), 5.0)
+        start = time.monotonic()
+        work = dist.all_reduce(t, group=groups[0], async_op=True)
+        expect_failure(work.wait, "allreduce", "timed out", "[peer rank ")
+        elapsed = time.monotonic() - start
+        assert timeout <= elapsed + 0.05 and elapsed < 20 * timeout, f"failed after {elapsed:.1f}s"
+        assert torch.equal(t, torch.full((10,), 5.0))
+
+        aborter = threading.Timer(0.5, groups[1].abort)
+        aborter.start()
+        start = time.monotonic()
+        expect_failure(lambda: dist.all_reduce(t, group=groups[1]), "abort")
+        elapsed = time.monotonic() - start
+        aborter.join()
+        assert elapsed < 30, f"abort() took {elapsed:.1f}s to end a call waiting on the caller's thread"
+        assert torch.equal(t, torch.full((10,), 5.0))
+    dist.barrier(group=ctx.gloo)
+    for g in groups:
+        dist.destroy_process_group(g)
 
 
 @case

@@ -38,6 +38,10 @@ class Context:
                                              pg_options=cnccl.Options(wire_dtype="none"))
         self.fp32_sums = dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT,
                                         pg_options=cnccl.Options(wire_dtype="bf16", min_bytes=0, accumulate="fp32"))
+        # The same settings, with results restored from a workspace after the last chunk instead of
+        # straight into the tensor (docs/design.md, "Where an allreduce's results land").
+        self.untouched = {w: dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(
+            wire_dtype=w, min_bytes=0, untouched_on_failure=True)) for w in ("fp16", "none")}
         self.gen = torch.Generator().manual_seed(77 + rank)
 
     def gaussian(self, n):
@@ -62,6 +66,27 @@ def the_group_runs_on_shared_memory(ctx):
     for g in ctx.groups.values():
         assert cnccl.config(g)["cpu_transport"] == "shm", cnccl.config(g)
         assert cnccl.config(g)["shm"] == "on", cnccl.config(g)
+
+
+@case
+def results_straight_into_the_tensor_equal_those_restored_after_the_last_chunk(ctx):
+    """Every dtype and op the path takes, one-shot and chunked, contiguous and strided (which always
+    takes the workspace), fp32 and fp64 compressed and not: the same bits either way."""
+    ops = {torch.float32: (R.SUM, R.AVG, R.MAX), torch.float64: (R.SUM, R.AVG), torch.int32: (R.SUM, R.AVG, R.MIN),
+           torch.int64: (R.SUM, R.PRODUCT)}
+    for wire in ("fp16", "none"):
+        for dtype, dtype_ops in ops.items():
+            for op in dtype_ops:
+                for n in SIZES:
+                    x = ctx.gaussian(2 * n)
+                    x = (x * 50).to(dtype) if not dtype.is_floating_point else x.to(dtype)
+                    if op == R.PRODUCT:
+                        x = x.remainder(3) + 1
+                    for t in (x[:n].clone(), x.clone()[::2]):
+                        direct, kept = t.clone(), t.clone()
+                        dist.all_reduce(direct, op=op, group=ctx.groups[wire])
+                        dist.all_reduce(kept, op=op, group=ctx.untouched[wire])
+                        assert torch.equal(direct, kept), f"{wire} {dtype} {op} n={n} strided={not t.is_contiguous()}"
 
 
 @case

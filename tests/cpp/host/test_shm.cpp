@@ -451,6 +451,22 @@ TEST(ShmSpin, RanksPinnedToOneCpuNeverSpinAndRanksPinnedOnePerCpuDo) {
   EXPECT_EQ(spins_when_pinned([&](int r) { return cpus[size_t(r)]; }), std::vector<bool>({true, true}));
 }
 
+TEST(ShmSpin, TheBudgetFollowsMeasuredWakeUpsWithinItsBounds) {
+  using std::chrono::microseconds;
+  auto after = [](microseconds spin, microseconds wake_up, int times) {
+    for (int i = 0; i < times; ++i) spin = ShmComm::spin_after(spin, wake_up);
+    return spin;
+  };
+  // Wake-ups of 40 us bring 200 us of spinning down to about 40; of 500 us, up to about 500.
+  EXPECT_NEAR(after(microseconds(200), microseconds(40), 60).count(), 40, 8);  // in whole-microsecond steps
+  EXPECT_NEAR(after(microseconds(200), microseconds(400), 60).count(), 400, 8);
+  // One slow wake-up (a preempted waiter) moves it by an eighth of the difference.
+  EXPECT_EQ(ShmComm::spin_after(microseconds(100), microseconds(900)).count(), 200);
+  // Never outside the bounds, whatever was measured.
+  EXPECT_EQ(after(microseconds(200), microseconds(0), 100), ShmComm::kMinSpin);
+  EXPECT_EQ(after(microseconds(200), microseconds(1'000'000), 100), ShmComm::kMaxSpin);
+}
+
 TEST(ShmSpin, OversubscribedCountsTheUnionOfAffinitiesCappedByTheSmallestQuota) {
   EXPECT_FALSE(ShmComm::oversubscribed({"10", "01"}, {0, 0}, 64));
   EXPECT_TRUE(ShmComm::oversubscribed({"10", "10"}, {0, 0}, 64));
