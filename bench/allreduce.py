@@ -1,19 +1,24 @@
 """Allreduce bandwidth of cnccl (fp16, fp16 with fp32 sums, the same in pow2 frames, fp8 e4m3 frames, bf16,
-none) beside gloo fp32 and gloo running the fp16 hook's math.
+none) beside gloo fp32, gloo running the fp16 hook's math, and DeepSpeed's shared-memory allreduce (fp32)
+where deepspeed is installed and every rank has a core of its own (its waits spin; bench/deepspeed_shm.py).
 
-Usage: python3 bench/allreduce.py [--ranks 2,4] [--sizes 4K,...,128M] [--trials 7] [--busy N] [--json FILE] [--plot FILE]
+Usage: python3 bench/allreduce.py [--ranks 2,4] [--sizes 4K,...,128M] [--trials 7] [--busy N] [--gap-ms 2]
+                                  [--json FILE] [--plot FILE]
 (JSON and plot go to bench/results/ unless told otherwise; bench/report.py also puts them in the README.)
 
 Each size runs every variant in turn, trial after trial (interleaved, so machine noise hits all
 alike), and reports the median time as algorithm bandwidth (fp32 bytes / time), bus bandwidth
 (algbw x 2(n-1)/n, the bytes each rank's link carries in a ring) and ratios. "gloo-hook" is what
 `fp16_compress_hook` does around the allreduce: cast to fp16 and divide, allreduce the fp16 copy
-on gloo, copy back into the fp32 tensor. `--busy N` runs N busy-loop processes beside the ranks, as
+on gloo, copy back into the fp32 tensor. The smallest size is also timed call by call with `--gap-ms`
+of compute on the caller's thread before each call, as a training step issues small allreduces: the
+time of the call alone, median over every call. `--busy N` runs N busy-loop processes beside the ranks, as
 a training job's compute threads or another job would, to show how each backend copes with sharing
-its cores.
+its cores, and how much of their throughput the ranks leave them (beside the ranks against alone).
 """
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -26,15 +31,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-VARIANTS = ["cnccl-fp16", "cnccl-fp16-acc32", "cnccl-fp16-pow2", "cnccl-e4m3", "cnccl-bf16", "cnccl-none", "gloo-fp32",
-            "gloo-hook"]
+import deepspeed_shm
+
+DEEPSPEED = "deepspeed-shm"
+SHARED_CORES = "CNCCL_BENCH_BUSY"  # set for the ranks (and inherited by them) when --busy runs loops beside them
 PHASES = ("cast", "reduce", "transfer", "restore")
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,128M"
 # Bytes of DRAM traffic per fp32 element on each rank of a compressed (16-bit) allreduce, from the
 # passes each of cnccl's host transports makes over memory that does not stay in cache.
 DRAM_BYTES = {
-    "shm": (12, "the cast reads 4, the result copy writes 2 to the workspace, the restore reads 2 and writes 4; "
-                "the 16-bit slots stay in cache"),
+    "shm": (8, "the cast reads 4; the restore writes 4 straight from the owners' results into lines the cast "
+               "brought into cache; the 16-bit slots stay in cache"),
     "ucx": (17, "2 ranks: the cast of the part sent first 3, a receive copy 2, cast-and-add 4, a second receive "
                 "copy 2, the restore 6"),
 }
@@ -64,12 +71,51 @@ def hook_allreduce(x, group, world):
     x.copy_(wire)
 
 
-def worker(rank, world, port, sizes, trials, out):
+def with_deepspeed(world):
+    """Whether a job of `world` ranks runs DeepSpeed's allreduce too: installed, and a core per rank
+    (not with --busy, whose loops would then share the cores its spinning waits hold)."""
+    return deepspeed_shm.available() and world <= os.cpu_count() and not os.environ.get(SHARED_CORES)
+
+
+def variants_of(rows):
+    return list(rows[0]["seconds"])
+
+
+def compute(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def gap_latency(groups, x, trials, gap_s, deepspeed):
+    """Median seconds of one allreduce of `x` issued after `gap_s` of compute, per variant."""
+    calls = 20
+    times = {name: [] for name in groups if name != "gloo-hook"}
+    for trial in range(trials + 1):
+        for name in times:
+            dist.barrier(group=groups[name])
+            for _ in range(calls):
+                compute(gap_s)
+                t0 = time.perf_counter()
+                if name == DEEPSPEED:
+                    deepspeed_shm.allreduce(x)
+                else:
+                    dist.all_reduce(x, group=groups[name])
+                if trial > 0:
+                    times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def worker(rank, world, port, sizes, trials, gap_s, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     pin_to_own_core(rank, world)
     import cnccl
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    deepspeed = None
+    if with_deepspeed(world):
+        deepspeed = deepspeed_shm.load()
+        deepspeed_shm.initialize(deepspeed, rank, world)
     groups = {
         "cnccl-fp16": dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="fp16")),
         "cnccl-fp16-acc32": dist.new_group(backend="cnccl",
@@ -83,6 +129,8 @@ def worker(rank, world, port, sizes, trials, out):
         "gloo-fp32": dist.group.WORLD,
         "gloo-hook": dist.group.WORLD,
     }
+    if deepspeed is not None:
+        groups[DEEPSPEED] = dist.group.WORLD
     rows = []
     for nbytes in sizes:
         x = torch.randn(nbytes // 4)
@@ -97,6 +145,8 @@ def worker(rank, world, port, sizes, trials, out):
                 for _ in range(reps):
                     if name == "gloo-hook":
                         hook_allreduce(x, g, world)
+                    elif name == DEEPSPEED:
+                        deepspeed_shm.allreduce(x)
                     else:
                         dist.all_reduce(x, group=g)
                 times[name].append((time.perf_counter() - t0) / reps)
@@ -107,6 +157,9 @@ def worker(rank, world, port, sizes, trials, out):
                 x.normal_()
         rows.append({"bytes": nbytes, "seconds": {n: statistics.median(t[1:]) for n, t in times.items()},
                      "phases_ns": phases, "cnccl_transport": cnccl.config(groups["cnccl-fp16"])["cpu_transport"]})
+    if gap_s > 0:
+        rows[0]["gap_seconds"] = gap_latency(groups, torch.randn(sizes[0] // 4), trials, gap_s, deepspeed)
+        rows[0]["gap_s"] = gap_s
     if rank == 0:
         out.put(rows)
     dist.destroy_process_group()
@@ -128,12 +181,24 @@ def spawn(target, world, *args):
     return result
 
 
-def run(world, sizes, trials):
-    """Runs one job of `world` ranks; returns a row per size (median seconds per variant, phases)."""
-    rows = spawn(worker, world, sizes, trials)
+def run(world, sizes, trials, gap_s, busy_rate=None):
+    """Runs one job of `world` ranks; returns a row per size (median seconds per variant, phases).
+    `busy_rate`: the busy loops' throughput meter (busy_loops), read over the job's whole run."""
+    if with_deepspeed(world):
+        deepspeed_shm.load()  # built once here, not by every rank at once
+    if busy_rate is None:
+        rows = spawn(worker, world, sizes, trials, gap_s)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            job = pool.submit(spawn, worker, world, sizes, trials, gap_s)
+            samples = []
+            while not job.done():
+                samples.append(busy_rate(0.5))
+            rows = job.result()
+        rows[0]["busy_rate"] = statistics.median(samples)
     for row in rows:
         t = row["seconds"]
-        row["algbw_gbs"] = {n: row["bytes"] / t[n] / 1e9 for n in VARIANTS}
+        row["algbw_gbs"] = {n: row["bytes"] / t[n] / 1e9 for n in t}
         row["busbw_gbs"] = {n: bw * 2 * (world - 1) / world for n, bw in row["algbw_gbs"].items()}
         row["ratios"] = {
             "fp16/none": t["cnccl-none"] / t["cnccl-fp16"],
@@ -146,6 +211,8 @@ def run(world, sizes, trials):
             "fp16/e4m3": t["cnccl-fp16"] / t["cnccl-e4m3"],
             "acc32/e4m3": t["cnccl-fp16-acc32"] / t["cnccl-e4m3"],
         }
+        if DEEPSPEED in t:
+            row["ratios"].update({"fp16/ds": t[DEEPSPEED] / t["cnccl-fp16"], "none/ds": t[DEEPSPEED] / t["cnccl-none"]})
     return rows
 
 
@@ -153,17 +220,19 @@ def table(world, rows, trials):
     """The printed report of one job: bandwidths, ratios, small-message latency, phase breakdown."""
     lines = [f"allreduce, {world} ranks, fp32 SUM, median of {trials} trials; algbw / busbw in GB/s "
              "(algbw = fp32 bytes / time, busbw = algbw x 2(n-1)/n)"]
-    lines.append(f"{'size':>6} " + " ".join(f"{n:>15}" for n in VARIANTS) +
-                 "  fp16/none fp16/gloo fp16/hook acc32/fp16 pow2/acc32 fp16/e4m3 acc32/e4m3")
+    variants = variants_of(rows)
+    ratios = list(rows[0]["ratios"])
+    lines.append(f"{'size':>6} " + " ".join(f"{n:>15}" for n in variants) + "  " +
+                 " ".join(f"{r:>10}" for r in ratios))
     for row in rows:
-        cells = " ".join(f"{row['algbw_gbs'][n]:7.2f}/{row['busbw_gbs'][n]:<7.2f}" for n in VARIANTS)
-        r = row["ratios"]
-        lines.append(f"{label(row['bytes']):>6} {cells}  {r['fp16/none']:8.2f}x {r['fp16/gloo']:8.2f}x"
-                     f" {r['fp16/hook']:8.2f}x {r['acc32/fp16']:9.2f}x {r['pow2/acc32']:9.2f}x"
-                     f" {r['fp16/e4m3']:8.2f}x {r['acc32/e4m3']:9.2f}x")
+        cells = " ".join(f"{row['algbw_gbs'][n]:7.2f}/{row['busbw_gbs'][n]:<7.2f}" for n in variants)
+        lines.append(f"{label(row['bytes']):>6} {cells}  " + " ".join(f"{row['ratios'][r]:9.2f}x" for r in ratios))
     small = rows[0]
     lines.append(f"\nlatency at {label(small['bytes'])}, microseconds: " +
-                 ", ".join(f"{n} {small['seconds'][n] * 1e6:.1f}" for n in VARIANTS))
+                 ", ".join(f"{n} {small['seconds'][n] * 1e6:.1f}" for n in variants))
+    if "gap_seconds" in small:
+        lines.append(f"latency at {label(small['bytes'])} after {small['gap_s'] * 1e3:g} ms of compute, microseconds: " +
+                     ", ".join(f"{n} {t * 1e6:.1f}" for n, t in small["gap_seconds"].items()))
     transport = small["cnccl_transport"]
     dram, passes = DRAM_BYTES["shm" if transport == "shm" else "ucx"]
     lines.append(f"\ncnccl's CPU transport: {transport}; DRAM traffic per fp32 element per rank, fp16 wire, estimated "
@@ -192,7 +261,7 @@ def plot(results, path):
     for ax, world in zip(axes[0], worlds):
         rows = results[world]
         sizes = [row["bytes"] for row in rows]
-        for name in VARIANTS:
+        for name in variants_of(rows):
             ax.plot(sizes, [row["algbw_gbs"][name] for row in rows], marker="o", label=name)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [label(s) for s in sizes], rotation=45)
@@ -226,21 +295,34 @@ def save(results, trials, json_path, plot_path):
         plot(results, plot_path)
 
 
-def spin():
+def spin(count):
     while True:
-        pass
+        with count.get_lock():
+            count.value += 1
+
+
+def spin_rate(loops, seconds):
+    """Loop iterations per second of the busy-loop processes together, over `seconds`."""
+    start = sum(c.value for _, c in loops)
+    time.sleep(seconds)
+    return (sum(c.value for _, c in loops) - start) / seconds
 
 
 @contextlib.contextmanager
 def busy_loops(count):
-    """Runs `count` processes that only burn CPU for the duration of the block."""
-    loops = [mp.get_context("spawn").Process(target=spin, daemon=True) for _ in range(count)]
-    for p in loops:
+    """Runs `count` processes that only burn CPU for the duration of the block, as a job's compute
+    threads would; yields a function that reports their throughput (loop iterations per second) now."""
+    ctx = mp.get_context("spawn")
+    loops = []
+    for _ in range(count):
+        counter = ctx.Value("q", 0)
+        loops.append((ctx.Process(target=spin, args=(counter,), daemon=True), counter))
+    for p, _ in loops:
         p.start()
     try:
-        yield
+        yield lambda seconds: spin_rate(loops, seconds)
     finally:
-        for p in loops:
+        for p, _ in loops:
             p.kill()
             p.join()
 
@@ -251,15 +333,26 @@ def main():
     parser.add_argument("--sizes", default=DEFAULT_SIZES)
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--busy", type=int, default=0, help="busy-loop processes to run beside the ranks")
+    parser.add_argument("--gap-ms", type=float, default=2.0,
+                        help="compute before each call of the smallest size's latency case (0: no such case)")
     parser.add_argument("--json", default=os.path.join(RESULTS, "allreduce.json"), help="results file ('' for none)")
     parser.add_argument("--plot", default=os.path.join(RESULTS, "allreduce.png"), help="PNG of algbw ('' for none)")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     results = {}
-    with busy_loops(args.busy):
+    if args.busy:
+        os.environ[SHARED_CORES] = "1"
+    with busy_loops(args.busy) as rate:
+        if args.busy:
+            time.sleep(3.0)  # the loops' interpreters start up
+        alone = rate(2.0) if args.busy else 0
         for world in (int(w) for w in args.ranks.split(",")):
-            results[str(world)] = run(world, sizes, args.trials)
+            results[str(world)] = run(world, sizes, args.trials, args.gap_ms / 1e3, rate if args.busy else None)
             print(table(world, results[str(world)], args.trials) + "\n", flush=True)
+            if args.busy:
+                beside = results[str(world)][0]["busy_rate"]
+                print(f"busy loops' throughput beside the {world} ranks: {beside / alone:.0%} of theirs with the ranks "
+                      f"idle ({beside:.3g} vs {alone:.3g} iterations/s)\n", flush=True)
     save(results, args.trials, args.json, args.plot)
 
 

@@ -34,6 +34,19 @@ def goals(ar, ddp):
     small = rows[min(rows)]["seconds"]
     out.append((f"2 ranks, {allreduce.label(min(rows))} latency, gloo / cnccl", small["gloo-fp32"] /
                 small["cnccl-fp16"], 1.0, True))
+    # Against DeepSpeed's shared-memory allreduce, where the run had it (bench/deepspeed_shm.py).
+    for size, target in ((256 << 10, 1.0), (4 << 20, 1.5), (16 << 20, 1.8), (64 << 20, 2.0)):
+        if size in rows and "fp16/ds" in rows[size]["ratios"]:
+            out.append((f"2 ranks, {allreduce.label(size)} cnccl-fp16 vs DeepSpeed shm (fp32)",
+                        rows[size]["ratios"]["fp16/ds"], target, True))
+    for size in (16 << 20, 64 << 20):
+        if size in rows and "none/ds" in rows[size]["ratios"]:
+            out.append((f"2 ranks, {allreduce.label(size)} cnccl-none vs DeepSpeed shm (fp32)",
+                        rows[size]["ratios"]["none/ds"], 1.0, True))
+    gap = rows[min(rows)].get("gap_seconds")
+    if gap:
+        out.append((f"2 ranks, {allreduce.label(min(rows))} after 2 ms of compute, cnccl-fp16 us per call",
+                    gap["cnccl-fp16"] * 1e6, 25, False))
     runs = ddp["runs"]
     out.append(("DDP step, cnccl-fp16 / (gloo + fp16 hook)", runs["cnccl-fp16"]["step_s"] /
                 runs["gloo+fp16_hook"]["step_s"], 0.8, False))
@@ -49,22 +62,31 @@ def section(ar, ddp, trials):
     for name, value, target, higher in goals(ar["results"], ddp):
         met = value >= target if higher else value <= target
         sign = ">=" if higher else "<="
-        lines.append(f"| {name} | {value:.2f}x | {sign} {target:g}x | {'met' if met else 'not met'} |")
+        unit = " us" if "us per call" in name else "x"
+        lines.append(f"| {name} | {value:.2f}{unit} | {sign} {target:g}{unit} | {'met' if met else 'not met'} |")
     two = ar["results"]["2"]
     transport = two[0]["cnccl_transport"]
     dram, passes = allreduce.DRAM_BYTES["shm" if transport == "shm" else "ucx"]
-    lines += ["", f"2 ranks, {allreduce.label(two[0]['bytes'])}: cnccl-fp16 {two[0]['seconds']['cnccl-fp16'] * 1e6:.0f} us "
-              "per allreduce (goal on idle cores: <= 25 us). cnccl's CPU transport: "
-              f"{transport}; DRAM traffic per fp32 element per rank, estimated from its passes: {dram} bytes ({passes})."]
+    small = two[0]
+    latency = f"2 ranks, {allreduce.label(small['bytes'])}: cnccl-fp16 {small['seconds']['cnccl-fp16'] * 1e6:.0f} us per " \
+              "allreduce back to back"
+    if allreduce.DEEPSPEED in small["seconds"]:
+        latency += f" (DeepSpeed shm {small['seconds'][allreduce.DEEPSPEED] * 1e6:.0f} us)"
+    if "gap_seconds" in small:
+        gap = small["gap_seconds"]
+        latency += f", {gap['cnccl-fp16'] * 1e6:.0f} us after {small['gap_s'] * 1e3:g} ms of compute" + (
+            f" (DeepSpeed shm {gap[allreduce.DEEPSPEED] * 1e6:.0f} us)" if allreduce.DEEPSPEED in gap else "")
+    lines += ["", latency + f". cnccl's CPU transport: {transport}; DRAM traffic per fp32 element per rank, estimated "
+              f"from its passes: {dram} bytes ({passes})."]
     for world, rows in ar["results"].items():
+        variants = allreduce.variants_of(rows)
+        ratios = [r for r in ("fp16/none", "fp16/gloo", "fp16/hook", "fp16/ds", "none/ds") if r in rows[0]["ratios"]]
         lines += ["", f"allreduce, {world} ranks: algbw GB/s (busbw = algbw x {2 * (int(world) - 1)}/{world})", "",
-                  "| size | " + " | ".join(allreduce.VARIANTS) + " | fp16/none | fp16/gloo | fp16/hook |",
-                  "|---" * (len(allreduce.VARIANTS) + 4) + "|"]
+                  "| size | " + " | ".join(variants + ratios) + " |", "|---" * (len(variants) + len(ratios) + 1) + "|"]
         for row in rows:
-            r = row["ratios"]
             lines.append(f"| {allreduce.label(row['bytes'])} | " +
-                         " | ".join(f"{row['algbw_gbs'][n]:.2f}" for n in allreduce.VARIANTS) +
-                         f" | {r['fp16/none']:.2f}x | {r['fp16/gloo']:.2f}x | {r['fp16/hook']:.2f}x |")
+                         " | ".join(f"{row['algbw_gbs'][n]:.2f}" for n in variants) + " | " +
+                         " | ".join(f"{row['ratios'][r]:.2f}x" for r in ratios) + " |")
     lines += ["", "```", ddp_step.table(ddp), "```", "", END]
     return "\n".join(lines)
 
@@ -76,7 +98,7 @@ def main():
     sizes = [allreduce.parse_size(s) for s in allreduce.DEFAULT_SIZES.split(",")]
     results = {}
     for world in (2, 4):
-        results[str(world)] = allreduce.run(world, sizes, args.trials)
+        results[str(world)] = allreduce.run(world, sizes, args.trials, 2e-3)
         print(allreduce.table(world, results[str(world)], args.trials) + "\n", flush=True)
     allreduce.save(results, args.trials, os.path.join(RESULTS, "allreduce.json"),
                    os.path.join(RESULTS, "allreduce.png"))
