@@ -34,6 +34,9 @@ import torch.multiprocessing as mp
 import deepspeed_shm
 
 DEEPSPEED = "deepspeed-shm"
+# In the latency case after compute only: c10d's own path for a call, through torch's "fake" backend,
+# which does nothing (torch.testing._internal.distributed.fake_pg): the floor of any c10d backend.
+C10D_FLOOR = "c10d-floor"
 SHARED_CORES = "CNCCL_BENCH_BUSY"  # set for the ranks (and inherited by them) when --busy runs loops beside them
 PHASES = ("cast", "reduce", "transfer", "restore")
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,128M"
@@ -87,13 +90,26 @@ def compute(seconds):
         pass
 
 
+def c10d_floor_group():
+    """A group of torch's "fake" backend, or None where this torch has none."""
+    try:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401 (registers "fake")
+        return dist.new_group(backend="fake")
+    except Exception:  # a torch without it, or one that changed it: the floor is left out
+        return None
+
+
 def gap_latency(groups, x, trials, gap_s, deepspeed):
     """Median seconds of one allreduce of `x` issued after `gap_s` of compute, per variant."""
     calls = 20
+    groups = dict(groups)
+    floor = c10d_floor_group()
+    if floor is not None:
+        groups[C10D_FLOOR] = floor
     times = {name: [] for name in groups if name != "gloo-hook"}
     for trial in range(trials + 1):
         for name in times:
-            dist.barrier(group=groups[name])
+            dist.barrier(group=groups["gloo-fp32"])
             for _ in range(calls):
                 compute(gap_s)
                 t0 = time.perf_counter()

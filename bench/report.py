@@ -76,6 +76,9 @@ def section(ar, ddp, trials):
         gap = small["gap_seconds"]
         latency += f", {gap['cnccl-fp16'] * 1e6:.0f} us after {small['gap_s'] * 1e3:g} ms of compute" + (
             f" (DeepSpeed shm {gap[allreduce.DEEPSPEED] * 1e6:.0f} us)" if allreduce.DEEPSPEED in gap else "")
+        if allreduce.C10D_FLOOR in gap:
+            latency += (f"; c10d's own path for such a call, through torch's do-nothing `fake` backend, took "
+                        f"{gap[allreduce.C10D_FLOOR] * 1e6:.0f} us")
     lines += ["", latency + f". cnccl's CPU transport: {transport}; DRAM traffic per fp32 element per rank, estimated "
               f"from its passes: {dram} bytes ({passes})."]
     for world, rows in ar["results"].items():

@@ -25,7 +25,7 @@ void reduce_shm(ShmComm& shm, const ShmReduction& r) {
   const int size = shm.size(), rank = shm.rank();
   const size_t max_length = r.parts.max_length();
   const bool one_shot = max_length * size * r.elem <= std::min(kOneShotBytes, ShmComm::kSlotBytes);
-  const size_t chunk = one_shot ? max_length : ShmComm::piece_elements(size, r.elem);
+  const size_t chunk = one_shot ? max_length : ShmComm::piece_elements(size, r.elem, shm.chunk_bytes());
   const size_t chunks = one_shot ? 1 : (max_length + chunk - 1) / chunk;
   auto wanted = [&](int part) {
     return r.deliver == ShmReduction::kAll || (r.deliver == ShmReduction::kOwn ? part == rank : rank == r.root);

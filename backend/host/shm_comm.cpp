@@ -294,9 +294,9 @@ std::chrono::microseconds ShmComm::spin_after(std::chrono::microseconds spin, st
   return std::clamp(averaged, kMinSpin, kMaxSpin);
 }
 
-size_t ShmComm::piece_elements(int ranks, size_t elem) {
+size_t ShmComm::piece_elements(int ranks, size_t elem, size_t bytes) {
   constexpr size_t kLine = 64;
-  const size_t fits = kSlotBytes / size_t(ranks) / elem;
+  const size_t fits = std::min(bytes, kSlotBytes) / size_t(ranks) / elem;
   TORCH_CHECK(fits > 0, "cnccl: ", ranks, " ranks of ", elem, "-byte elements do not fit a shared-memory slot");
   return fits >= kLine ? fits / kLine * kLine : fits;
 }

@@ -23,14 +23,22 @@ namespace cnccl::host {
 
 class ShmComm {
  public:
-  // Bytes of one slot's contribution area (and of its result area): a few hundred KiB stays in
-  // the caches between the rank that writes it and the ranks that read it.
+  // Bytes of one slot's contribution area (and of its result area).
   static constexpr size_t kSlotBytes = size_t(512) << 10;
+  // What a reduction's chunk uses of a slot while ranks spin: little enough that a chunk's fp32
+  // input (256 KiB at 2 ranks), its slots and results stay in a core's 1-2 MiB L2 from the cast to
+  // the restore, so the restore writes into cached lines. At 2 ranks 64 MiB allreduces took
+  // 11.0 ms with 128 KiB, 13.9-14.2 with 512 and 15.4 with 1 MiB (64 KiB: 10.5, but 1 MiB calls
+  // 10% slower for the extra steps; bench/allreduce.py). Ranks that sleep between steps (more
+  // ranks than CPUs) pay a wake-up a step instead, and fill the slot: 4 ranks on 2 cores ran 16 MiB
+  // at 3.6x gloo with 512 KiB chunks, 3.0x with 128.
+  static constexpr size_t kSpinningChunkBytes = size_t(128) << 10;
+  size_t chunk_bytes() const { return spins() ? kSpinningChunkBytes : kSlotBytes; }
   static constexpr uint64_t kDepth = 2;
   // Elements of `elem` bytes in one piece of a chunk that gives each of `ranks` ranks a piece of a
   // slot: a whole number of cache lines' worth where a slot holds that many, so pieces never share
-  // a line, else what fits. Never more than kSlotBytes / ranks bytes.
-  static size_t piece_elements(int ranks, size_t elem);
+  // a line, else what fits. Never more than `bytes` / ranks (at most kSlotBytes).
+  static size_t piece_elements(int ranks, size_t elem, size_t bytes = kSlotBytes);
   enum Counter : int { kPosted, kReduced, kReleased, kCounters };
 
   // Collective over the group: maps the segments of the ranks on this host (host_identity()).

@@ -83,10 +83,12 @@ def test_sigkilled_between_collectives(world_size, victim, engine):
     run(world_size, victim, engine, "allreduce", "between")
 
 
-# Allreduce of 4 MiB in chunks: the 12th step is inside the third allreduce (5 steps each at 2
-# ranks); over UCX alone the 5th large send is inside the third ring (2 each).
+# Allreduce of 4 MiB in chunks: the 38th step is inside an allreduce: the third at 2 ranks (17 steps
+# each with its broadcast: ranks that spin take 128 KiB chunks), the seventh at 3 ranks (6 steps) and
+# the eighth at 4 (5 steps: ranks that share cores fill 512 KiB slots); over UCX alone the 5th large
+# send is inside the third ring (2 each).
 @pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 0), (4, 2)])
-@pytest.mark.parametrize("engine,hook", [("shm", (SHM_STEP, 12)), ("ucx", (LARGE_SEND, 5))])
+@pytest.mark.parametrize("engine,hook", [("shm", (SHM_STEP, 38)), ("ucx", (LARGE_SEND, 5))])
 def test_sigkilled_during_an_allreduce(world_size, victim, engine, hook):
     run(world_size, victim, engine, "allreduce", "during", hook)
 
@@ -94,11 +96,11 @@ def test_sigkilled_during_an_allreduce(world_size, victim, engine, hook):
 # The same through shared memory with the tensor kept as it was until the last chunk is in.
 @pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 0), (4, 2)])
 def test_sigkilled_during_an_allreduce_that_leaves_its_tensor_untouched(world_size, victim):
-    run(world_size, victim, "shm", "allreduce", "during", (SHM_STEP, 12), untouched=True)
+    run(world_size, victim, "shm", "allreduce", "during", (SHM_STEP, 38), untouched=True)
 
 
-# Synchronous allreduces of 256 KiB, each one step and run on the caller's thread: the victim dies
-# right after posting its 7th (every survivor is then waiting in it, on its own thread).
+# Synchronous allreduces of 256 KiB, one or two steps each and run on the caller's thread: the victim
+# dies right after posting its 7th step (every survivor is then waiting in that call, on its own thread).
 @pytest.mark.parametrize("world_size,victim", [(2, 0), (3, 2)])
 def test_sigkilled_during_an_allreduce_on_the_callers_thread(world_size, victim):
     run(world_size, victim, "shm", "sync_allreduce", "during", (SHM_STEP, 7))

@@ -228,12 +228,14 @@ TEST(Shm, DisagreeingSignaturesFailEveryRankBeforeAnyDataIsRead) {
 // Every rank's piece of a chunk within its share of the slot, for any number of local ranks and any
 // element size (a floor of one cache line a piece overflowed the slot past 8192 ranks x bytes).
 TEST(Shm, PiecesOfAChunkFitTheSlot) {
-  for (int ranks = 1; ranks <= 8192; ranks += ranks < 16 ? 1 : 61) {
-    for (size_t elem : {1, 2, 4, 8, 16}) {
-      const size_t piece = ShmComm::piece_elements(ranks, elem);
-      EXPECT_GT(piece, 0u) << ranks << " x " << elem;
-      EXPECT_LE(piece * elem * size_t(ranks), ShmComm::kSlotBytes) << ranks << " x " << elem;
-      if (ShmComm::kSlotBytes / size_t(ranks) / elem >= 64) EXPECT_EQ(piece % 64, 0u) << ranks << " x " << elem;
+  for (size_t bytes : {ShmComm::kSlotBytes, ShmComm::kSpinningChunkBytes}) {
+    for (int ranks = 1; ranks <= 8192; ranks += ranks < 16 ? 1 : 61) {
+      for (size_t elem : {1, 2, 4, 8, 16}) {
+        const size_t piece = ShmComm::piece_elements(ranks, elem, bytes);
+        EXPECT_GT(piece, 0u) << ranks << " x " << elem;
+        EXPECT_LE(piece * elem * size_t(ranks), bytes) << ranks << " x " << elem;
+        if (bytes / size_t(ranks) / elem >= 64) EXPECT_EQ(piece % 64, 0u) << ranks << " x " << elem;
+      }
     }
   }
 }
