@@ -181,6 +181,8 @@ bool Executor::on_own_thread() const { return own_thread_of == this; }
 
 void Executor::loop() {
   own_thread_of = this;
+  // A thread started from a completion on a caller's thread would inherit the caller's.
+  set_fp_environment(fp_environment_);
   // This thread writes into the caller's tensors while the caller's thread may be running autograd
   // on them (DDP with create_graph=True): docs/design.md, "Threads and autograd".
   at::AutoDispatchBelowADInplaceOrView below_autograd;

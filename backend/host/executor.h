@@ -74,7 +74,7 @@ class Executor {
   bool stopping_ = false;
   bool stopped_ = false;
   uint64_t submitted_ = 0, started_ = 0;  // tickets
-  unsigned fp_environment_ = 0;  // MXCSR of the thread that made the executor, which its threads inherit
+  unsigned fp_environment_ = 0;  // MXCSR of the thread that made the executor: its threads run with it
   int idle_ = 0;
   std::vector<std::thread> threads_;
 };

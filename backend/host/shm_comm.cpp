@@ -102,6 +102,7 @@ struct Announcement {
   uint64_t token = 0;
   std::string cpus;  // the CPUs it may run on (its affinity), as 0/1 characters by CPU number
   int quota_cpus = 0;  // its cgroup's CPU quota, whole CPUs rounded up; 0 for none
+  int hardware_cpus = 0;  // the CPUs its machine has (std::thread::hardware_concurrency)
 };
 
 std::string affinity() {
@@ -162,7 +163,7 @@ namespace {
 std::string encode(const Announcement& a) {
   std::ostringstream out;
   out << (a.ok ? "ok" : "no") << "\n" << a.identity << "\n" << a.pid << " " << a.fd << " " << a.token << "\n"
-      << (a.cpus.empty() ? "-" : a.cpus) << " " << a.quota_cpus << "\n" << a.reason;
+      << (a.cpus.empty() ? "-" : a.cpus) << " " << a.quota_cpus << " " << a.hardware_cpus << "\n" << a.reason;
   return out.str();
 }
 
@@ -178,7 +179,7 @@ Announcement decode(const std::string& text) {
   std::string cpus_line;
   std::getline(in, cpus_line);
   std::istringstream cpus(cpus_line);
-  cpus >> a.cpus >> a.quota_cpus;
+  cpus >> a.cpus >> a.quota_cpus >> a.hardware_cpus;
   if (a.cpus == "-") a.cpus.clear();  // unknown
   std::getline(in, a.reason);
   return a;
@@ -198,6 +199,7 @@ std::unique_ptr<ShmComm> ShmComm::connect(c10d::Store& store, int rank, int size
   mine.reason = enabled ? "" : "off on rank " + std::to_string(rank) + " (CNCCL_SHM / Options.shm)";
   mine.cpus = affinity();
   mine.quota_cpus = cgroup_cpu_quota("/proc/self/cgroup", "/sys/fs/cgroup");
+  mine.hardware_cpus = int(std::thread::hardware_concurrency());
   if (enabled) {
     try {
       own = Segment::create(kSegmentBytes);
@@ -266,13 +268,17 @@ std::unique_ptr<ShmComm> ShmComm::connect(c10d::Store& store, int rank, int size
   // as long as its mappings, so no exit of any kind leaves it behind.
   own.close_fd();
   segments[local_rank] = std::move(own);
+  // Decided from what every rank announced, so the host's ranks decide alike: the chunks of a
+  // reduction depend on it (chunk_bytes), and ranks that cut them differently would mix up data.
   std::vector<std::string> affinities;
   std::vector<int> quotas;
+  int hardware_cpus = INT_MAX;
   for (int r : local) {
     affinities.push_back(all[r].cpus);
     quotas.push_back(all[r].quota_cpus);
+    hardware_cpus = std::min(hardware_cpus, std::max(1, all[r].hardware_cpus));
   }
-  const bool shared = oversubscribed(affinities, quotas, int(std::thread::hardware_concurrency()));
+  const bool shared = oversubscribed(affinities, quotas, hardware_cpus);
   const auto spin = shared ? std::chrono::microseconds(0) : kFirstSpin;
   return std::unique_ptr<ShmComm>(new ShmComm(local_rank, int(local.size()), std::move(group_name), std::move(segments),
                                               std::move(peers), std::move(hosts), host, spin));
