@@ -40,24 +40,8 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
   // tensors to stay as they were when a collective fails (docs/design.md, "Shared memory").
   const bool direct = step.on_shm && tensor.is_contiguous() && !config_.untouched_on_failure;
   step.workspace_bytes = direct ? 0 : n * elem;
-  if (direct) {
-    step.wrote_results = std::make_shared<bool>(false);
-    step.algorithm = [=, this, wrote = step.wrote_results](const Buffers&) {
-      char* x = static_cast<char*>(tensor.data_ptr());
-      const size_t wide = tensor.element_size();
-      ShmReduction reduction{Parts::even(n, shm_->size()), elem,
-                             timed_producer(shm_producer([=](size_t i) { return x + i * wide; }, plan, dtype,
-                                                         contributions)),
-                             timed_reducer(rank_sum(plan, dtype, shm_->size(), sums)), nullptr, ShmReduction::kAll};
-      reduction.consume = timed_consumer([consume = shm_consumer(x, plan, dtype), wrote](
-                                             size_t offset, size_t count, const char* result) {
-        *wrote = true;
-        consume(offset, count, result);
-      });
-      reduce_shm(*shm_, reduction);
-    };
-    return step;
-  }
+  if (direct) step.wrote_results = std::make_shared<bool>(false);
+  const std::shared_ptr<bool> wrote = step.wrote_results;
   step.pre = [=](const Buffers& b) {
     *src = tensor.contiguous();
     if (fused || through_shm) return;  // cast as the ring reduces (FusedCast), or as shared memory takes it
@@ -75,6 +59,14 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
                          timed_producer(shm_producer(source, plan, dtype, contributions)),
                          timed_reducer(rank_sum(plan, dtype, shm_->size(), sums)), b.workspace,
                          ShmReduction::kAll};
+      if (direct) {
+        // *src is the tensor itself (contiguous).
+        local.consume = timed_consumer([consume = shm_consumer(static_cast<char*>(tensor.data_ptr()), plan, dtype),
+                                        wrote](size_t offset, size_t count, const char* result) {
+          *wrote = true;
+          consume(offset, count, result);
+        });
+      }
       if (algorithm == AllreduceAlgorithm::kShm) return reduce_shm(*shm_, local);
       comm_->end();  // the group's signature agreement, before any data moves
       return allreduce_hierarchical(*shm_, *cross_, local, timed_reducer(reducer(plan, dtype)));
@@ -95,6 +87,7 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
   };
   step.post = [=](const Buffers& b) {
     src->reset();
+    if (direct) return;  // restored chunk by chunk already
     if (plan.compress) return restore_into(reinterpret_cast<uint16_t*>(b.workspace), tensor, plan);
     post_scale(b.workspace, n, dtype, plan);
     unpack(b.workspace, tensor);
