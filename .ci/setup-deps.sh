@@ -22,9 +22,10 @@ fi
 have_torch=$(TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
 py_pkgs=()
 [[ "$have_torch" == "$TORCH_VERSION" ]] || py_pkgs+=("torch==$TORCH_VERSION")
-# Test dependencies: module, then its PyPI name. The frameworks test_frameworks.py trains under.
+# Test dependencies: module, then its PyPI name. The frameworks test_frameworks.py trains under, and
+# torchao, the MX oracle of test_mx.py.
 for m in pytest:pytest numpy:numpy matplotlib:matplotlib expecttest:expecttest pytorch_lightning:pytorch-lightning \
-    accelerate:accelerate; do
+    accelerate:accelerate torchao:torchao==0.18.0; do
   "$PY" -c "import ${m%%:*}" 2>/dev/null || py_pkgs+=("${m#*:}")
 done
 if ((${#py_pkgs[@]})); then

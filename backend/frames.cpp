@@ -17,13 +17,20 @@ int largest_binade(compress::Wire wire) {
   switch (wire) {
     case compress::Wire::kFp16: return 15;
     case compress::Wire::kBf16: return 127;
-    case compress::Wire::kE4m3: return 8;
-    case compress::Wire::kE5m2: return 15;
+    case compress::Wire::kE4m3: case compress::Wire::kMxfp8: return 8;
+    case compress::Wire::kE5m2: case compress::Wire::kMxfp8E5m2: return 15;
+    case compress::Wire::kMxfp4: return 2;
   }
   TORCH_CHECK(false, "cnccl: unknown wire format");
 }
 
-int64_t payload_bytes(int64_t count, compress::Wire wire) { return count * int64_t(compress::wire_bytes(wire)); }
+// An MX frame is its blocks alone: each carries its own scale.
+int64_t header_bytes(compress::Wire wire) { return compress::is_mx(wire) ? 0 : kHeaderBytes; }
+
+int64_t payload_bytes(int64_t count, compress::Wire wire) {
+  if (compress::is_mx(wire)) return int64_t(compress::mx_bytes(size_t(count), wire));
+  return count * int64_t(compress::wire_bytes(wire));
+}
 
 bool on_kernels(const at::Tensor& t, Impl impl) { return impl == Impl::kForDevice && t.is_cpu(); }
 
@@ -55,6 +62,11 @@ template <typename T>
 void encode_row(const T* x, int64_t count, float scale, compress::Wire wire, uint8_t* frame) {
   const T magnitude = compress::amax(x, size_t(count)) * T(std::fabs(scale));
   const int32_t k = exponent(static_cast<float>(magnitude), wire);
+  // The 8-bit casts do not count: with the exponent every finite value is in range. A value that is
+  // not shows in the amax, and the exponent is then 0: finite values may overflow too.
+  if (compress::wire_bytes(wire) == 1 && !std::isfinite(static_cast<float>(magnitude))) {
+    compress::count_casts(x, size_t(count), std::ldexp(scale, k), wire);
+  }
   std::memcpy(frame, &k, sizeof k);
   const float s = std::ldexp(scale, k);
   uint8_t* payload = frame + kHeaderBytes;
@@ -115,20 +127,121 @@ void encode_aten(const std::vector<at::Tensor>& rows, int64_t count, float scale
   }
 }
 
+
+// --- MX blocks as ATen operations (compress::mx_encode defines them; the kernels are the CPU's).
+
+constexpr int64_t kBlock = int64_t(compress::kMxBlock);
+
+int64_t mx_blocks(int64_t count) { return (count + kBlock - 1) / kBlock; }
+
+float mx_largest(compress::Wire wire) {
+  return wire == compress::Wire::kMxfp8 ? 448.0f : wire == compress::Wire::kMxfp8E5m2 ? 57344.0f : 6.0f;
+}
+
+// The values of e2m1's sixteen codes, on `like`'s device.
+at::Tensor e2m1_values(const at::Tensor& like) {
+  return at::tensor({0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f,
+                     -6.0f}).to(like.device());
+}
+
+// rows (each at most `count` elements, fp32 or fp64) times `scale` -> frames [rows, frame_bytes].
+void encode_mx_aten(const std::vector<at::Tensor>& rows, int64_t count, float scale, compress::Wire wire,
+                    const at::Tensor& frames) {
+  const int64_t n = int64_t(rows.size()), blocks = mx_blocks(count);
+  if (!count) return;
+  at::Tensor v = at::zeros({n, blocks * kBlock}, frames.options().dtype(at::kFloat));
+  for (int64_t r = 0; r < n; ++r) {
+    const at::Tensor row = rows[size_t(r)].reshape({-1});
+    if (row.numel()) v[r].narrow(0, 0, row.numel()).copy_(row.mul(at::scalar_tensor(scale, row.options())).to(at::kFloat));
+  }
+  const at::Tensor b = v.view({n, blocks, kBlock});
+  const at::Tensor amax = b.abs().amax(2);
+  const at::Tensor nonfinite = at::isfinite(amax).logical_not();
+  const at::Tensor x = amax.view(at::kInt).bitwise_right_shift(23).sub(127 + largest_binade(wire)).clamp(-127, 127);
+  const at::Tensor codes = at::where(nonfinite, at::full_like(x, 255), x.add(127)).to(at::kByte);
+  const float largest = mx_largest(wire);
+  const at::Tensor q = at::where(nonfinite.unsqueeze(2), at::zeros_like(b), b.mul(power_of_two(x.neg()).unsqueeze(2)))
+                           .clamp(-largest, largest)
+                           .view({n, blocks * kBlock})
+                           .narrow(1, 0, count);
+  at::Tensor elements;
+  if (wire == compress::Wire::kMxfp4) {
+    const at::Tensor a = q.abs();
+    at::Tensor code = a.gt(0.25).to(at::kByte);
+    for (const auto& [bound, inclusive] : {std::pair{0.75, true}, {1.25, false}, {1.75, true}, {2.5, false},
+                                           {3.5, true}, {5.0, false}}) {
+      code.add_((inclusive ? a.ge(bound) : a.gt(bound)).to(at::kByte));
+    }
+    code.bitwise_or_(at::signbit(q).to(at::kByte).mul(8));
+    if (count % 2) code = at::constant_pad_nd(code, {0, 1});
+    const at::Tensor pairs = code.view({n, -1, 2});
+    elements = pairs.select(2, 0).bitwise_or(pairs.select(2, 1).bitwise_left_shift(4));
+  } else {
+    elements = q.to(wire_dtype(wire)).view(at::kByte);
+  }
+  frames.narrow(1, 0, blocks).copy_(codes);
+  frames.narrow(1, blocks, elements.size(1)).copy_(elements);
+}
+
+// frames [rows, frame_bytes(count)] -> their values, fp32 [rows, count]. Exact.
+at::Tensor decode_mx_aten(const at::Tensor& frames, int64_t count, compress::Wire wire) {
+  const int64_t n = frames.size(0), blocks = mx_blocks(count);
+  if (!count) return at::empty({n, 0}, frames.options().dtype(at::kFloat));
+  const at::Tensor codes = frames.narrow(1, 0, blocks).to(at::kInt);
+  const at::Tensor scales =
+      at::where(codes.eq(255), at::full_like(codes, std::numeric_limits<float>::quiet_NaN(), at::kFloat),
+                at::where(codes.eq(0), at::full_like(codes, 0x1p-127f, at::kFloat),
+                          codes.bitwise_left_shift(23).view(at::kFloat)));
+  at::Tensor values;
+  if (wire == compress::Wire::kMxfp4) {
+    const at::Tensor bytes = frames.narrow(1, blocks, (count + 1) / 2);
+    const at::Tensor nibbles = at::stack({bytes.bitwise_and(15), bytes.bitwise_right_shift(4)}, 2).view({n, -1});
+    values = e2m1_values(frames).index({nibbles.narrow(1, 0, count).to(at::kLong)});
+  } else {
+    values = frames.narrow(1, blocks, count).contiguous().view(wire_dtype(wire)).to(at::kFloat);
+  }
+  return at::constant_pad_nd(values, {0, blocks * kBlock - count})
+      .view({n, blocks, kBlock})
+      .mul(scales.unsqueeze(2))
+      .view({n, blocks * kBlock})
+      .narrow(1, 0, count);
+}
+
+void restore_mx(const at::Tensor& frames, int64_t count, compress::Wire wire, float post, const at::Tensor& dst,
+                Impl impl) {
+  const int64_t n = dst.numel();
+  if (!on_kernels(dst, impl)) {
+    const int64_t rows = (n + count - 1) / count;
+    const at::Tensor values = decode_mx_aten(frames.narrow(0, 0, rows), count, wire).to(dst.scalar_type());
+    dst.copy_(values.mul(at::scalar_tensor(post, values.options())).view({-1}).narrow(0, 0, n).view(dst.sizes()));
+    return;
+  }
+  const at::Tensor f = frames.contiguous();
+  at::Tensor out = dst.is_contiguous() ? dst : at::empty_like(dst, at::MemoryFormat::Contiguous);
+  with_wide_data(out, [&](auto* y) {
+    for (int64_t r = 0, first = 0; first < n; ++r, first += count) {
+      compress::mx_restore(f[r].const_data_ptr<uint8_t>(), size_t(count), y + first, size_t(std::min(count, n - first)),
+                           post, wire);
+    }
+  });
+  if (!out.is_same(dst)) dst.copy_(out);
+}
+
 }  // namespace
 
 at::ScalarType wire_dtype(compress::Wire wire) {
   switch (wire) {
     case compress::Wire::kFp16: return at::kHalf;
     case compress::Wire::kBf16: return at::kBFloat16;
-    case compress::Wire::kE4m3: return at::kFloat8_e4m3fn;
-    case compress::Wire::kE5m2: return at::kFloat8_e5m2;
+    case compress::Wire::kE4m3: case compress::Wire::kMxfp8: return at::kFloat8_e4m3fn;
+    case compress::Wire::kE5m2: case compress::Wire::kMxfp8E5m2: return at::kFloat8_e5m2;
+    case compress::Wire::kMxfp4: return at::kByte;  // two e2m1 elements a byte
   }
   TORCH_CHECK(false, "cnccl: unknown wire format");
 }
 
 int64_t frame_bytes(int64_t count, compress::Wire wire) {
-  return kHeaderBytes + (payload_bytes(count, wire) + 3) / 4 * 4;
+  return header_bytes(wire) + (payload_bytes(count, wire) + 3) / 4 * 4;
 }
 
 std::vector<at::Tensor> parts_of(const at::Tensor& flat, int64_t parts, int64_t count) {
@@ -147,8 +260,20 @@ void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, co
   TORCH_CHECK(frames.scalar_type() == at::kByte && frames.is_contiguous() && frames.dim() == 2 &&
                   frames.size(0) == int64_t(rows.size()) && frames.size(1) == frame_bytes(count, wire),
               "cnccl: frames of the wrong shape for ", rows.size(), " x ", count, " elements");
-  const int64_t padding = frames.size(1) - kHeaderBytes - bytes;
-  if (padding) frames.narrow(1, kHeaderBytes + bytes, padding).zero_();
+  const int64_t header = header_bytes(wire), padding = frames.size(1) - header - bytes;
+  if (padding) frames.narrow(1, header + bytes, padding).zero_();
+  if (compress::is_mx(wire)) {
+    if (!on_kernels(frames, impl)) return encode_mx_aten(rows, count, float(scale), wire, frames);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      // A short row's blocks are those of `count` values, its missing ones +0.
+      const at::Tensor x = rows[r].contiguous();
+      uint8_t* frame = frames[int64_t(r)].mutable_data_ptr<uint8_t>();
+      with_wide_data(static_cast<const char*>(x.const_data_ptr()), x.scalar_type(), [&](const auto* row) {
+        compress::mx_encode(row, size_t(x.numel()), size_t(count), float(scale), wire, frame);
+      });
+    }
+    return;
+  }
   if (!on_kernels(frames, impl)) return encode_aten(rows, count, float(scale), wire, frames);
   for (size_t r = 0; r < rows.size(); ++r) {
     const at::Tensor x = rows[r].contiguous();
@@ -165,6 +290,18 @@ at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::W
                Impl impl) {
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() == count,
               "cnccl: a frame sum needs a contiguous fp32 output of ", count, " elements");
+  if (compress::is_mx(wire)) {
+    if (!on_kernels(out, impl)) {
+      const at::Tensor decoded = decode_mx_aten(at::stack(frames), count, wire);
+      out.copy_(decoded[0]);
+      for (int64_t r = 1; r < decoded.size(0); ++r) out.add_(decoded[r]);
+      return out;
+    }
+    std::vector<const uint8_t*> in;
+    for (const auto& f : frames) in.push_back(f.const_data_ptr<uint8_t>());
+    compress::mx_sum(in.data(), in.size(), out.mutable_data_ptr<float>(), size_t(count), wire);
+    return out;
+  }
   if (!on_kernels(out, impl)) {
     const at::Tensor stacked = at::stack(frames);
     const at::Tensor decoded = payloads(stacked, count, wire).to(at::kFloat).mul_(
@@ -189,6 +326,7 @@ void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, doubl
   const int64_t n = dst.numel();
   if (!n) return;
   const float post = float(post_scale);
+  if (compress::is_mx(wire)) return restore_mx(frames, count, wire, post, dst, impl);
   if (!on_kernels(dst, impl)) {
     const at::Tensor s = decoding_scales(headers(frames)).mul(double(post)).to(dst.scalar_type());
     const at::Tensor values = payloads(frames, count, wire).to(at::kFloat).to(dst.scalar_type()).mul(s.unsqueeze(1));

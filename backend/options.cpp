@@ -20,14 +20,12 @@ std::optional<std::string> env(const char* name) {
   return std::string(v);
 }
 
-std::optional<compress::Wire> parse_wire(const std::string& value, const char* source) {
+Telemetry parse_telemetry(const std::string& value, const char* source) {
   const std::string v = lower(value);
-  if (v == "fp16" || v == "float16") return compress::Wire::kFp16;
-  if (v == "bf16" || v == "bfloat16") return compress::Wire::kBf16;
-  if (v == "e4m3" || v == "float8_e4m3fn") return compress::Wire::kE4m3;
-  if (v == "e5m2" || v == "float8_e5m2") return compress::Wire::kE5m2;
-  if (v == "none") return std::nullopt;
-  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: fp16, bf16, e4m3, e5m2, none");
+  if (v == "off") return Telemetry::kOff;
+  if (v == "counts") return Telemetry::kCounts;
+  if (v == "error") return Telemetry::kError;
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: off, counts, error");
 }
 
 SumScaling parse_sum_scaling(const std::string& value, const char* source) {
@@ -100,6 +98,20 @@ bool parse_bool(const std::string& value, const char* source) {
 
 }  // namespace
 
+std::optional<compress::Wire> parse_wire(const std::string& value, const char* source) {
+  const std::string v = lower(value);
+  if (v == "fp16" || v == "float16") return compress::Wire::kFp16;
+  if (v == "bf16" || v == "bfloat16") return compress::Wire::kBf16;
+  if (v == "e4m3" || v == "float8_e4m3fn") return compress::Wire::kE4m3;
+  if (v == "e5m2" || v == "float8_e5m2") return compress::Wire::kE5m2;
+  if (v == "mxfp8") return compress::Wire::kMxfp8;
+  if (v == "mxfp8_e5m2") return compress::Wire::kMxfp8E5m2;
+  if (v == "mxfp4") return compress::Wire::kMxfp4;
+  if (v == "none") return std::nullopt;
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value,
+                    "' is not valid; allowed: fp16, bf16, e4m3, e5m2, mxfp8, mxfp8_e5m2, mxfp4, none");
+}
+
 Options::Options(std::chrono::milliseconds timeout) : c10d::Backend::Options("cnccl", timeout) {}
 
 c10::intrusive_ptr<c10d::Backend::Options> Options::clone() const { return c10::make_intrusive<Options>(*this); }
@@ -119,6 +131,7 @@ Config Options::resolve() const {
   if (auto v = env("CNCCL_UNTOUCHED_ON_FAILURE")) {
     c.untouched_on_failure = parse_bool(*v, "CNCCL_UNTOUCHED_ON_FAILURE");
   }
+  if (auto v = env("CNCCL_TELEMETRY")) c.telemetry = parse_telemetry(*v, "CNCCL_TELEMETRY");
   if (wire_dtype) c.wire = parse_wire(*wire_dtype, "Options.wire_dtype");
   if (min_bytes) {
     TORCH_CHECK_VALUE(*min_bytes >= 0, "cnccl: Options.min_bytes=", *min_bytes,
@@ -134,6 +147,7 @@ Config Options::resolve() const {
   if (sr_seed) c.sr_seed = static_cast<uint64_t>(*sr_seed);
   if (scaling) c.scaling = parse_scaling(*scaling, "Options.scaling");
   if (untouched_on_failure) c.untouched_on_failure = *untouched_on_failure;
+  if (telemetry) c.telemetry = parse_telemetry(*telemetry, "Options.telemetry");
   // With wire accumulation the engine's own 16-bit adds round to nearest: only the casts could be
   // stochastic, which is not what `sr` promises.
   TORCH_CHECK_VALUE(c.rounding != Rounding::kStochastic || c.accumulate == Accumulate::kFp32,
@@ -153,6 +167,16 @@ Config Options::resolve() const {
                     c.wire_name(), " (CNCCL_WIRE_DTYPE / Options.wire_dtype) needs accumulate=fp32 and scaling=pow2 "
                     "(CNCCL_ACCUMULATE, CNCCL_SCALING): an 8-bit value needs its part's exponent, and no engine "
                     "adds it");
+  const bool mx = c.wire && compress::is_mx(*c.wire);
+  TORCH_CHECK_VALUE(!mx || c.accumulate == Accumulate::kFp32, "cnccl: wire_dtype=", c.wire_name(),
+                    " (CNCCL_WIRE_DTYPE / Options.wire_dtype) needs accumulate=fp32 (CNCCL_ACCUMULATE / "
+                    "Options.accumulate): every MX block is decoded by its part's owner, and no engine adds it");
+  TORCH_CHECK_VALUE(!mx || c.scaling == Scaling::kNone, "cnccl: wire_dtype=", c.wire_name(),
+                    " (CNCCL_WIRE_DTYPE / Options.wire_dtype) scales every block of 32 by its own power of two; "
+                    "scaling=pow2 (CNCCL_SCALING / Options.scaling) does not apply to it: leave scaling=none");
+  TORCH_CHECK_VALUE(!mx || c.rounding == Rounding::kNearest, "cnccl: wire_dtype=", c.wire_name(),
+                    " (CNCCL_WIRE_DTYPE / Options.wire_dtype) rounds to nearest even (OCP MX v1.0); "
+                    "rounding=sr (CNCCL_ROUNDING / Options.rounding) does not apply to it");
   return c;
 }
 

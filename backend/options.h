@@ -31,6 +31,11 @@ enum class Rounding : uint8_t { kNearest, kStochastic };
 // every contribution itself).
 enum class Scaling : uint8_t { kNone, kPow2 };
 
+// What cnccl.stats() learns of the casts (docs/design.md, "Telemetry"): nothing; the counts of values
+// that were not finite or overflowed (the default: they cost nothing measurable); those and the
+// relative error of each compressed collective's own contribution, sampled.
+enum class Telemetry : uint8_t { kOff, kCounts, kError };
+
 // The settings a group runs with, after defaults, environment and Options are combined.
 struct Config {
   std::optional<compress::Wire> wire = compress::Wire::kFp16;  // nullopt: compression off
@@ -48,6 +53,7 @@ struct Config {
   // (docs/design.md, "Shared memory"). Off by default, as with NCCL and gloo, whose failed
   // collectives leave the group unusable and the tensor undefined.
   bool untouched_on_failure = false;
+  Telemetry telemetry = Telemetry::kCounts;
 
   std::string wire_name() const { return wire ? compress::wire_name(*wire) : "none"; }
   const char* cpu_engine_name() const { return cpu_engine == CpuEngine::kGloo ? "gloo" : "ucx"; }
@@ -55,6 +61,9 @@ struct Config {
   const char* accumulate_name() const { return accumulate == Accumulate::kFp32 ? "fp32" : "wire"; }
   const char* rounding_name() const { return rounding == Rounding::kStochastic ? "sr" : "rne"; }
   const char* scaling_name() const { return scaling == Scaling::kPow2 ? "pow2" : "none"; }
+  const char* telemetry_name() const {
+    return telemetry == Telemetry::kOff ? "off" : telemetry == Telemetry::kError ? "error" : "counts";
+  }
   // The settings in effect that change the bytes a collective sends or returns, as text ranks compare.
   std::string bytes_settings() const;
 };
@@ -70,7 +79,7 @@ void agree_on_settings(c10d::Store& store, const std::string& key, int rank, int
 struct Options : c10d::Backend::Options {
   explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout);
 
-  std::optional<std::string> wire_dtype;   // fp16 | bf16 | e4m3 | e5m2 | none
+  std::optional<std::string> wire_dtype;   // fp16 | bf16 | e4m3 | e5m2 | mxfp8 | mxfp8_e5m2 | mxfp4 | none
   std::optional<int64_t> min_bytes;        // >= 0
   std::optional<std::string> sum_scaling;  // none | world
   std::optional<bool> compress_fp64;
@@ -81,6 +90,7 @@ struct Options : c10d::Backend::Options {
   std::optional<int64_t> sr_seed;          // any integer (its 64 bits key Philox)
   std::optional<std::string> scaling;      // none | pow2
   std::optional<bool> untouched_on_failure;
+  std::optional<std::string> telemetry;    // off | counts | error
 
   // Overrides Backend::Options::clone() where the torch version has it (keeps the subclass).
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const;
@@ -89,5 +99,9 @@ struct Options : c10d::Backend::Options {
   // variable or field and the allowed values.
   Config resolve() const;
 };
+
+// A wire_dtype value (CNCCL_WIRE_DTYPE, Options.wire_dtype): nullopt for "none". Throws c10::ValueError
+// naming `source` and the allowed values.
+std::optional<compress::Wire> parse_wire(const std::string& value, const char* source);
 
 }  // namespace cnccl

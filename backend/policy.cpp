@@ -68,8 +68,9 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
   Plan plan;
   const bool wide_float = dtype == at::kFloat || (dtype == at::kDouble && config.compress_fp64);
   const bool sum_like = op == RedOp::SUM || op == RedOp::AVG || op == RedOp::PREMUL_SUM;
-  // An 8-bit wire is a sum's frames only: MIN and MAX go on as they are.
-  const bool frames_only = config.wire == compress::Wire::kE4m3 || config.wire == compress::Wire::kE5m2;
+  // An 8-bit or MX wire is a sum's frames only: MIN and MAX go on as they are.
+  const bool frames_only = config.wire && (*config.wire == compress::Wire::kE4m3 ||
+                                           *config.wire == compress::Wire::kE5m2 || compress::is_mx(*config.wire));
   const bool compressible_op = sum_like || (!frames_only && (op == RedOp::MIN || op == RedOp::MAX));
   plan.compress = config.wire.has_value() && wide_float && compressible_op && nbytes >= config.min_bytes;
   if (plan.compress) plan.wire = *config.wire;
@@ -91,7 +92,7 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
   plan.fp32_sum = plan.compress && sum_like && config.accumulate == Accumulate::kFp32;
   plan.stochastic = plan.fp32_sum && config.rounding == Rounding::kStochastic;
   plan.sr_seed = config.sr_seed;
-  plan.pow2 = plan.fp32_sum && config.scaling == Scaling::kPow2;
+  plan.framed = plan.fp32_sum && (config.scaling == Scaling::kPow2 || compress::is_mx(plan.wire));
   return plan;
 }
 
@@ -103,19 +104,21 @@ Plan plan_exact_reduction(const Config& config, at::ScalarType dtype, int64_t nb
 }
 
 Traffic traffic(const Plan& plan, int64_t numel, int64_t nbytes) {
-  return {nbytes, plan.compress ? numel * int64_t(compress::wire_bytes(plan.wire)) : nbytes, plan.compress};
+  if (!plan.compress) return {nbytes, nbytes, false};
+  if (compress::is_mx(plan.wire)) return {nbytes, int64_t(compress::mx_bytes(size_t(numel), plan.wire)), true};
+  return {nbytes, numel * int64_t(compress::wire_bytes(plan.wire)), true};
 }
 
-AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory, bool fp32_sum, bool pow2) {
-  if (pow2) return AllreduceAlgorithm::kAlltoall;
+AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory, bool fp32_sum, bool framed) {
+  if (framed) return AllreduceAlgorithm::kAlltoall;
   if (shared_memory == SharedMemory::kOneHost) return AllreduceAlgorithm::kShm;
   if (fp32_sum) return AllreduceAlgorithm::kAlltoall;
   if (shared_memory == SharedMemory::kPerHost) return AllreduceAlgorithm::kHierarchical;
   return wire_bytes > kDirectAllreduceMaxBytes ? AllreduceAlgorithm::kRing : AllreduceAlgorithm::kDirect;
 }
 
-AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum, bool pow2) {
-  if (pow2) return AllreduceAlgorithm::kAlltoall;
+AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum, bool framed) {
+  if (framed) return AllreduceAlgorithm::kAlltoall;
   if (shared_memory == SharedMemory::kOneHost) return AllreduceAlgorithm::kShm;
   return fp32_sum ? AllreduceAlgorithm::kAlltoall : AllreduceAlgorithm::kRing;
 }

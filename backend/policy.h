@@ -29,9 +29,9 @@ struct Plan {
   // fp32_sum with rounding=sr: the casts and the owner's rounding are stochastic, keyed by sr_seed.
   bool stochastic = false;
   uint64_t sr_seed = 0;
-  // fp32_sum with scaling=pow2: every part travels in a frame with its own power-of-two exponent
-  // (backend/frames.h). The only form an 8-bit wire takes.
-  bool pow2 = false;
+  // fp32_sum with scaling=pow2 or an MX wire: every part travels in a frame (backend/frames.h), with
+  // its own power-of-two exponent or as MX blocks. The only form an 8-bit or MX wire takes.
+  bool framed = false;
 };
 
 // What a collective puts on the wire for one tensor, as cnccl.stats() counts it.
@@ -65,14 +65,14 @@ enum class SharedMemory : uint8_t { kNone, kOneHost, kPerHost };
 // host, UCX between them); else over the transport, one exchange with every peer (latency-bound
 // sizes) or a ring reduce-scatter + allgather (bandwidth-bound sizes). A plan with fp32_sum needs
 // every rank's contribution at its part's owner: through shared memory on one host, else an
-// all-to-all reduce-scatter + allgather. Power-of-two frames (plan.pow2) have no shared-memory
+// all-to-all reduce-scatter + allgather. Frames (plan.framed) have no shared-memory
 // form: they take the all-to-all over the transport on one host too.
 enum class AllreduceAlgorithm : uint8_t { kShm, kHierarchical, kDirect, kRing, kAlltoall };
 AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory, bool fp32_sum,
-                                    bool pow2 = false);
-// The reduce_scatter algorithm: kAlltoall for pow2 frames, else through shared memory on one host,
+                                    bool framed = false);
+// The reduce_scatter algorithm: kAlltoall for frames, else through shared memory on one host,
 // else kAlltoall for fp32_sum and kRing otherwise.
-AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum, bool pow2 = false);
+AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum, bool framed = false);
 // Up to this many bytes on the wire the direct exchange wins (bench/allreduce.py, 2 and 4 ranks).
 constexpr int64_t kDirectAllreduceMaxBytes = 256 * 1024;
 // Whether a host-path collective runs on the thread that issued it when no thread leads and nothing

@@ -174,7 +174,9 @@ std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
           {"reduce_ns", stats_.reduce_ns.load()},
           {"transfer_ns", stats_.transfer_ns.load()},
           {"restore_ns", stats_.restore_ns.load()},
-          {"caller_thread_collectives", stats_.caller_thread_collectives.load()}};
+          {"caller_thread_collectives", stats_.caller_thread_collectives.load()},
+          {"cast_nonfinite", stats_.cast_nonfinite.load()},
+          {"cast_saturated", stats_.cast_saturated.load()}};
 }
 
 WorkPtr ProcessGroupCNCCL::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {

@@ -44,6 +44,8 @@ class ProcessGroupCNCCL : public c10d::Backend {
   // The timeout in force: Options.timeout, which the Python registration sets to the group's.
   std::chrono::milliseconds timeout() const { return options_->timeout; }
   std::map<std::string, uint64_t> stats() const;
+  // The relative L2 error of the last compressed collective's own contribution (telemetry=error).
+  double quantization_error() const { return stats_.quantization_error.load(); }
   // What carries CPU tensors' collectives: "shm", "ucx (<why not shm>)" or "gloo".
   std::string cpu_transport() const;
   uint64_t getSequenceNumberForGroup() override { return cpu_->getSequenceNumberForGroup(); }

@@ -1,12 +1,16 @@
-"""How far 16-bit gradient communication moves training from fp32, at 4 CPU ranks (issue #16).
+"""How far compressed gradient communication moves training from fp32, at 4 CPU ranks.
 
-Usage: python3 bench/accuracy.py [--ranks 4] [--steps 30] [--json FILE]
+Usage: python3 bench/accuracy.py [--ranks 4] [--steps 30] [--long-steps 500] [--json FILE]
 
 Every run trains its own copy of the same small transformer block (tests/python/models.py) on the
 same data for the same SGD steps, its gradients averaged by DDP, or reduce-scattered by FSDP2
 (fully_shard), over a different group. Reported: each run's parameters' relative L2 distance from
 the run over gloo in fp32, after the last step. cnccl's runs go over UCX (CNCCL_SHM=off), where the
 wire path is a ring of 16-bit adds; through shared memory cnccl sums in fp32 either way.
+
+The long runs train DDP for --long-steps on the fp32 reference and on the wires LONG_RUNS names
+(16-bit, 8-bit with one scale a part, MX with one scale a block of 32), and report each one's final
+loss (the mean over the ranks of the last step's) beside its distance.
 """
 
 import argparse
@@ -33,7 +37,12 @@ CNCCL_RUNS = {  # name -> cnccl.Options fields
     "cnccl fp16, accumulate=fp32, pow2": {"wire_dtype": "fp16", "accumulate": "fp32", "scaling": "pow2"},
     "cnccl e4m3, accumulate=fp32, pow2": {"wire_dtype": "e4m3", "accumulate": "fp32", "scaling": "pow2"},
     "cnccl e5m2, accumulate=fp32, pow2": {"wire_dtype": "e5m2", "accumulate": "fp32", "scaling": "pow2"},
+    "cnccl mxfp8, accumulate=fp32": {"wire_dtype": "mxfp8", "accumulate": "fp32"},
+    "cnccl mxfp8_e5m2, accumulate=fp32": {"wire_dtype": "mxfp8_e5m2", "accumulate": "fp32"},
+    "cnccl mxfp4, accumulate=fp32": {"wire_dtype": "mxfp4", "accumulate": "fp32"},
 }
+LONG_RUNS = ["cnccl fp16", "cnccl e4m3, accumulate=fp32, pow2", "cnccl mxfp8, accumulate=fp32",
+             "cnccl mxfp4, accumulate=fp32"]
 HOOKS = {"gloo + fp16_compress_hook": default_hooks.fp16_compress_hook,
          "gloo + bf16_compress_hook": default_hooks.bf16_compress_hook}
 
@@ -47,7 +56,8 @@ def batches(rank, steps):
     return [Block.batch(gen, "cpu") for _ in range(steps)]
 
 
-def train_ddp(group, steps, rank, hook=None):
+def train_ddp(group, steps, rank, hook=None, losses=None):
+    """The parameters after `steps`; the last step's loss is appended to `losses`."""
     torch.manual_seed(0)
     net = Block()
     model = DDP(net, process_group=group)
@@ -56,8 +66,11 @@ def train_ddp(group, steps, rank, hook=None):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     for tokens, target in batches(rank, steps):
         opt.zero_grad()
-        Block.loss(model(tokens), target).backward()
+        loss = Block.loss(model(tokens), target)
+        loss.backward()
         opt.step()
+    if losses is not None:
+        losses.append(loss.item())
     return params(net)
 
 
@@ -76,7 +89,17 @@ def train_fsdp2(group, steps, rank):
     return torch.cat([p.full_tensor().reshape(-1) for p in net.parameters()])
 
 
-def worker(rank, world, port, steps, out):
+def mean_over_ranks(value):
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
+def distance(p, reference):
+    return ((p.double() - reference.double()).norm() / reference.double().norm()).item()
+
+
+def worker(rank, world, port, steps, long_steps, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", CNCCL_SHM="off")
     import cnccl
 
@@ -90,9 +113,17 @@ def worker(rank, world, port, steps, out):
         runs.update({name: (g, None) for name, g in groups.items()})
         for name, (g, hook) in runs.items():
             p = train(g, steps, rank, hook) if hook else train(g, steps, rank)
-            results[f"{kind}|{name}"] = ((p.double() - reference.double()).norm() / reference.double().norm()).item()
+            results[f"{kind}|{name}"] = distance(p, reference)
+    long = {}
+    if long_steps:
+        losses = []
+        reference = train_ddp(dist.group.WORLD, long_steps, rank, losses=losses)
+        long["fp32 (gloo)"] = {"loss": mean_over_ranks(losses[-1]), "distance": 0.0}
+        for name in LONG_RUNS:
+            p = train_ddp(groups[name], long_steps, rank, losses=losses)
+            long[name] = {"loss": mean_over_ranks(losses[-1]), "distance": distance(p, reference)}
     if rank == 0:
-        out.put(results)
+        out.put((results, long))
     dist.destroy_process_group()
 
 
@@ -100,9 +131,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--long-steps", type=int, default=500, help="0: no long runs")
     ap.add_argument("--json", default=os.path.join(RESULTS, "accuracy.json"))
     args = ap.parse_args()
-    results = spawn(worker, args.ranks, args.steps)
+    results, long = spawn(worker, args.ranks, args.steps, args.long_steps)
     print(f"relative L2 distance of the parameters from the fp32 gloo run after {args.steps} SGD steps, "
           f"{args.ranks} ranks")
     print(f"{'':8}{'run':38}{'distance':>12}{'vs cnccl on the wire path':>28}")
@@ -111,7 +143,13 @@ def main():
         wire = results.get(f"{kind}|{name.split(',')[0]}")  # the same wire dtype, accumulate=wire
         ratio = f"{d / wire:27.2f}x" if wire and name.startswith("cnccl") else ""
         print(f"{kind:8}{name:38}{d:12.3e}{ratio}")
-    save_json({"ranks": args.ranks, "steps": args.steps, "distance": results}, args.json)
+    if long:
+        print(f"\nDDP for {args.long_steps} steps, {args.ranks} ranks: final loss (mean over ranks) and distance")
+        print(f"{'':8}{'run':38}{'loss':>12}{'distance':>12}")
+        for name, r in long.items():
+            print(f"{'DDP':8}{name:38}{r['loss']:12.4f}{r['distance']:12.3e}")
+    save_json({"ranks": args.ranks, "steps": args.steps, "distance": results, "long_steps": args.long_steps,
+               "long": long}, args.json)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,60 @@ namespace cnccl::compress {
 
 // The 16-bit formats are what this codec's kernels take. The 8-bit ones (fp8 e4m3 with no
 // infinities, and e5m2) travel only inside power-of-two frames (backend/frames.h), which encode
-// them with torch's own fp8 conversions; passing one to a kernel here is a bug.
-enum class Wire : uint8_t { kFp16, kBf16, kE4m3, kE5m2 };
+// them with torch's own fp8 conversions; passing one to a kernel here is a bug. The MX formats
+// (OCP Microscaling v1.0) travel only as blocks (mx_encode below): MXFP8 with e4m3 elements
+// (kMxfp8) or e5m2 ones, MXFP4 with e2m1 elements, two a byte.
+enum class Wire : uint8_t { kFp16, kBf16, kE4m3, kE5m2, kMxfp8, kMxfp8E5m2, kMxfp4 };
 
-// Bytes of one element on the wire.
+inline bool is_mx(Wire wire) { return wire == Wire::kMxfp8 || wire == Wire::kMxfp8E5m2 || wire == Wire::kMxfp4; }
+
+// Bytes of one element on the wire, for the formats that are not MX.
 inline size_t wire_bytes(Wire wire) { return wire == Wire::kFp16 || wire == Wire::kBf16 ? 2 : 1; }
+
+// What a cast met, counted when the caller asks (cnccl.stats(): docs/design.md, "Telemetry"):
+// values that were not finite when cast, and finite values past the wire's largest magnitude, which
+// became inf (fp16, bf16) or were saturated to the largest magnitude (MX elements).
+// Every stride-th value a cast writes is also compared with the value it was cast from: the squared
+// error and the squared value, summed, give the cast's relative L2 error.
+struct Census {
+  uint64_t nonfinite = 0;
+  uint64_t saturated = 0;
+  uint64_t samples = 0;
+  double error_squared = 0;
+  double value_squared = 0;
+};
+
+// While it lives, the casts of this thread (cast(), cast_add(), mx_encode() and their stochastic and
+// 8-bit forms) count into `into` (nullptr: nothing is counted), and sample every `sample_stride`-th
+// value of each call from its first (0: none). Scopes nest; an inner one hides the outer.
+class CensusScope {
+ public:
+  CensusScope(Census* into, size_t sample_stride);
+  ~CensusScope();
+  CensusScope(const CensusScope&) = delete;
+  CensusScope& operator=(const CensusScope&) = delete;
+
+ private:
+  Census* saved_census_;
+  size_t saved_stride_;
+};
+// While it lives, this thread's casts are counted but not sampled: an owner's encoding of a sum is
+// not the rank's own contribution, whose error the samples measure.
+class CensusSamplesPaused {
+ public:
+  CensusSamplesPaused();
+  ~CensusSamplesPaused();
+  CensusSamplesPaused(const CensusSamplesPaused&) = delete;
+  CensusSamplesPaused& operator=(const CensusSamplesPaused&) = delete;
+
+ private:
+  size_t saved_stride_;
+};
+// Counts n values src[i] * scale as a cast to `wire` meets them into this thread's census, if any:
+// for the callers that know a cast met values it did not count (an 8-bit frame, which counts nothing
+// while its exponent keeps every value in range, and only then).
+void count_casts(const float* src, size_t n, float scale, Wire wire);
+void count_casts(const double* src, size_t n, float scale, Wire wire);
 
 // CPU implementations; the fastest one the processor supports is chosen at first use.
 enum class CpuPath : uint8_t { kScalar, kAvx2F16c };
@@ -69,5 +118,28 @@ void restore(const uint8_t* src, double* dst, size_t n, float scale, Wire wire);
 // scales[k-1], in fp32 (each product rounded, then each add): the owner's sum of k frames, on any
 // wire (in[r] points at 16-bit or 8-bit values).
 void scaled_sum(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire wire);
+
+// OCP Microscaling (MX v1.0) blocks on the CPU (cpu_mx.cpp; docs/design.md, "MX blocks"). n values are
+// ceil(n / 32) blocks of 32, the last one short; their bytes (mx_bytes) are the blocks' E8M0 scales,
+// then the elements: one byte each, or for MXFP4 two a byte, element 2j in the low nibble and an odd
+// count's last high nibble zero. A block's value v (src[i] * scale, formed as cast() forms it) with
+// amax its largest |v|: the scale is 2^X, X = clamp(floor(log2(amax)) - emax, -127, 127) (emax: e4m3
+// 8, e5m2 15, e2m1 2; amax zero or an fp32 subnormal gives X = -127), stored as X + 127; each element
+// is v * 2^-X rounded to nearest even after saturating to the element type's largest magnitude. A
+// block with a value that is not finite has the scale 0xFF (NaN) and zero elements: it decodes to NaN.
+inline constexpr size_t kMxBlock = 32;
+size_t mx_bytes(size_t n, Wire wire);
+// Writes the mx_bytes(count) of a run of `count` values, the n <= count of src and then +0s.
+void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst,
+               Census* census = nullptr);
+void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst,
+               Census* census = nullptr);
+// dst[i] = ((decode(in[0])[i] + decode(in[1])[i]) + ...) + decode(in[k-1])[i] in fp32; decoding,
+// element times 2^X, is exact.
+void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire);
+// dst[i] = T(decode(src)[i]) * T(post) in dst's precision T, for the first n <= count elements of
+// the run of `count` at src.
+void mx_restore(const uint8_t* src, size_t count, float* dst, size_t n, float post, Wire wire);
+void mx_restore(const uint8_t* src, size_t count, double* dst, size_t n, float post, Wire wire);
 
 }  // namespace cnccl::compress

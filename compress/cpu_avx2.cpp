@@ -81,29 +81,81 @@ inline void narrow16(__m256 a, __m256 b, uint16_t* dst, Wire w) {
   }
 }
 
-template <bool kStream>
-size_t cast_f32_body(const float* src, uint16_t* dst, size_t n, __m256 s, Wire w) {
+// A census on 8 lanes (Census): counters of 32 bits a lane, added into the Census after each call.
+struct Tally {
+  __m256i nonfinite = _mm256_setzero_si256();
+  __m256i saturated = _mm256_setzero_si256();
+  __m256 limit;
+
+  explicit Tally(Wire w) : limit(_mm256_set1_ps(overflow_limit(w))) {}
+
+  // v: 8 values about to be cast. A compare's true lane is -1: subtracting it counts.
+  void add(__m256 v) {
+    const __m256i a = _mm256_castps_si256(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v));
+    const __m256i not_finite = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F7FFFFF));
+    const __m256i past = _mm256_castps_si256(_mm256_cmp_ps(_mm256_castsi256_ps(a), limit, _CMP_GE_OQ));
+    nonfinite = _mm256_sub_epi32(nonfinite, not_finite);
+    saturated = _mm256_sub_epi32(saturated, _mm256_andnot_si256(not_finite, past));
+  }
+
+  void into(Census& c) const {
+    alignas(32) uint32_t lanes[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), nonfinite);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes + 8), saturated);
+    for (int j = 0; j < 8; ++j) {
+      c.nonfinite += lanes[j];
+      c.saturated += lanes[8 + j];
+    }
+  }
+};
+
+// Calls longer than this are counted in pieces: a lane's 32-bit counter then never wraps.
+constexpr size_t kTallyPiece = size_t(1) << 32;
+
+template <bool kStream, bool kCount>
+size_t cast_f32_body(const float* src, uint16_t* dst, size_t n, __m256 s, Wire w, Tally& tally) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes, _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(src + i + 8) + kPrefetchBytes, _MM_HINT_T0);
-    narrow16<kStream>(_mm256_mul_ps(_mm256_loadu_ps(src + i), s), _mm256_mul_ps(_mm256_loadu_ps(src + i + 8), s),
-                      dst + i, w);
+    const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(src + i), s), b = _mm256_mul_ps(_mm256_loadu_ps(src + i + 8), s);
+    if constexpr (kCount) {
+      tally.add(a);
+      tally.add(b);
+    }
+    narrow16<kStream>(a, b, dst + i, w);
   }
   return i;
 }
 
-void cast_f32(const float* src, uint16_t* dst, size_t n, float scale, Wire w) {
+template <bool kCount>
+size_t cast_f32_vectors(const float* src, uint16_t* dst, size_t n, float scale, Wire w, Census* census) {
   const __m256 s = _mm256_set1_ps(scale);
+  Tally tally(w);
   size_t i = 0;
   if (n * sizeof(uint16_t) >= kStreamingBytes && (i = head_to_align(dst, n)) < n) {
-    scalar_kernels().cast_f32(src, dst, i, scale, w);
-    i += cast_f32_body<true>(src + i, dst + i, n - i, s, w);
+    scalar_kernels().cast_f32(src, dst, i, scale, w, census);
+    i += cast_f32_body<true, kCount>(src + i, dst + i, n - i, s, w, tally);
     _mm_sfence();
   } else {
-    i = cast_f32_body<false>(src, dst, n, s, w);
+    i = cast_f32_body<false, kCount>(src, dst, n, s, w, tally);
   }
-  scalar_kernels().cast_f32(src + i, dst + i, n - i, scale, w);
+  if constexpr (kCount) tally.into(*census);
+  return i;
+}
+
+void cast_f32(const float* src, uint16_t* dst, size_t n, float scale, Wire w, Census* census) {
+  if (census) {
+    for (size_t done = 0; done < n;) {
+      const size_t m = std::min(n - done, kTallyPiece);
+      const size_t i = cast_f32_vectors<true>(src + done, dst + done, m, scale, w, census);
+      scalar_kernels().cast_f32(src + done + i, dst + done + i, m - i, scale, w, census);
+      done += m;
+    }
+    return;
+  }
+  const size_t i = cast_f32_vectors<false>(src, dst, n, scale, w, nullptr);
+  scalar_kernels().cast_f32(src + i, dst + i, n - i, scale, w, nullptr);
 }
 
 inline __m256 f64x8_scaled(const double* p, __m256d s) {
@@ -112,11 +164,26 @@ inline __m256 f64x8_scaled(const double* p, __m256d s) {
   return _mm256_set_m128(hi, lo);
 }
 
-void cast_f64(const double* src, uint16_t* dst, size_t n, float scale, Wire w) {
+void cast_f64(const double* src, uint16_t* dst, size_t n, float scale, Wire w, Census* census) {
   const __m256d s = _mm256_set1_pd(scale);
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) narrow16(f64x8_scaled(src + i, s), f64x8_scaled(src + i + 8, s), dst + i, w);
-  scalar_kernels().cast_f64(src + i, dst + i, n - i, scale, w);
+  for (size_t done = 0; done < n;) {
+    const size_t m = std::min(n - done, kTallyPiece);
+    const double* x = src + done;
+    uint16_t* y = dst + done;
+    Tally tally(w);
+    size_t i = 0;
+    for (; i + 16 <= m; i += 16) {
+      const __m256 a = f64x8_scaled(x + i, s), b = f64x8_scaled(x + i + 8, s);
+      if (census) {
+        tally.add(a);
+        tally.add(b);
+      }
+      narrow16(a, b, y + i, w);
+    }
+    if (census) tally.into(*census);
+    scalar_kernels().cast_f64(x + i, y + i, m - i, scale, w, census);
+    done += m;
+  }
 }
 
 template <bool kStream>
@@ -166,17 +233,31 @@ inline __m256 rounded(__m256 v, Wire w) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_round(v), 16));
 }
 
-void cast_add_f32(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire w) {
+void cast_add_f32(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire w,
+                  Census* census) {
   const __m256 s = _mm256_set1_ps(scale);
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(src + i + 8) + kPrefetchBytes, _MM_HINT_T0);
-    const __m256 a = _mm256_add_ps(rounded(_mm256_mul_ps(_mm256_loadu_ps(src + i), s), w), widen8(in + i, w));
-    const __m256 b = _mm256_add_ps(rounded(_mm256_mul_ps(_mm256_loadu_ps(src + i + 8), s), w), widen8(in + i + 8, w));
-    narrow16(a, b, acc + i, w);
+  for (size_t done = 0; done < n;) {
+    const size_t m = std::min(n - done, kTallyPiece);
+    const float* x = src + done;
+    const uint16_t* y = in + done;
+    uint16_t* z = acc + done;
+    Tally tally(w);
+    size_t i = 0;
+    for (; i + 16 <= m; i += 16) {
+      _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(x + i + 8) + kPrefetchBytes, _MM_HINT_T0);
+      const __m256 va = _mm256_mul_ps(_mm256_loadu_ps(x + i), s), vb = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8), s);
+      if (census) {
+        tally.add(va);
+        tally.add(vb);
+      }
+      narrow16(_mm256_add_ps(rounded(va, w), widen8(y + i, w)), _mm256_add_ps(rounded(vb, w), widen8(y + i + 8, w)),
+               z + i, w);
+    }
+    if (census) tally.into(*census);
+    scalar_kernels().cast_add_f32(x + i, y + i, z + i, m - i, scale, w, census);
+    done += m;
   }
-  scalar_kernels().cast_add_f32(src + i, in + i, acc + i, n - i, scale, w);
 }
 
 void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire w) {

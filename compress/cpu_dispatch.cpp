@@ -1,5 +1,6 @@
 // Runtime choice of the CPU kernels, and the public codec entry points.
 #include <atomic>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -31,7 +32,52 @@ std::atomic<CpuPath>& active_path() {
 
 const detail::CpuKernels& active() { return kernels_for(active_path().load(std::memory_order_relaxed)); }
 
+// Every stride-th value of a nearest-even 16-bit cast, its rounding computed again (cheaper than
+// reading it back, and the same for cast_add, whose output is a sum).
+template <typename T>
+void sample_casts(const T* src, size_t n, float scale, Wire wire) {
+  const detail::CensusSink& sink = detail::census_sink();
+  if (!sink.census || !sink.stride) return;
+  for (size_t i = 0; i < n; i += sink.stride) {
+    const float v = static_cast<float>(src[i] * static_cast<T>(scale));
+    detail::sample(v, detail::from_wire(detail::to_wire(v, wire), wire), *sink.census);
+  }
+}
+
+template <typename T>
+void count_values(const T* src, size_t n, float scale, Wire wire) {
+  Census* census = detail::census_sink().census;
+  if (!census) return;
+  const float limit = detail::overflow_limit(wire);
+  for (size_t i = 0; i < n; ++i) detail::tally(static_cast<float>(src[i] * static_cast<T>(scale)), limit, *census);
+}
+
 }  // namespace
+
+namespace detail {
+
+CensusSink& census_sink() {
+  thread_local CensusSink sink;
+  return sink;
+}
+
+}  // namespace detail
+
+CensusScope::CensusScope(Census* into, size_t sample_stride)
+    : saved_census_(detail::census_sink().census), saved_stride_(detail::census_sink().stride) {
+  detail::census_sink() = {into, into ? sample_stride : 0};
+}
+
+CensusScope::~CensusScope() { detail::census_sink() = {saved_census_, saved_stride_}; }
+
+CensusSamplesPaused::CensusSamplesPaused() : saved_stride_(detail::census_sink().stride) {
+  detail::census_sink().stride = 0;
+}
+
+CensusSamplesPaused::~CensusSamplesPaused() { detail::census_sink().stride = saved_stride_; }
+
+void count_casts(const float* src, size_t n, float scale, Wire wire) { count_values(src, n, scale, wire); }
+void count_casts(const double* src, size_t n, float scale, Wire wire) { count_values(src, n, scale, wire); }
 
 const char* wire_name(Wire wire) {
   switch (wire) {
@@ -39,6 +85,9 @@ const char* wire_name(Wire wire) {
     case Wire::kBf16: return "bf16";
     case Wire::kE4m3: return "e4m3";
     case Wire::kE5m2: return "e5m2";
+    case Wire::kMxfp8: return "mxfp8";
+    case Wire::kMxfp8E5m2: return "mxfp8_e5m2";
+    case Wire::kMxfp4: return "mxfp4";
   }
   return "?";
 }
@@ -61,10 +110,12 @@ void set_cpu_path(CpuPath path) {
 }
 
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire) {
-  active().cast_f32(src, dst, n, scale, wire);
+  active().cast_f32(src, dst, n, scale, wire, detail::census_sink().census);
+  sample_casts(src, n, scale, wire);
 }
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire) {
-  active().cast_f64(src, dst, n, scale, wire);
+  active().cast_f64(src, dst, n, scale, wire, detail::census_sink().census);
+  sample_casts(src, n, scale, wire);
 }
 void restore(const uint16_t* src, float* dst, size_t n, float scale, Wire wire) {
   active().restore_f32(src, dst, n, scale, wire);
@@ -74,7 +125,8 @@ void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire)
 }
 void add(uint16_t* acc, const uint16_t* in, size_t n, Wire wire) { active().add(acc, in, n, wire); }
 void cast_add(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire wire) {
-  active().cast_add_f32(src, in, acc, n, scale, wire);
+  active().cast_add_f32(src, in, acc, n, scale, wire, detail::census_sink().census);
+  sample_casts(src, n, scale, wire);
 }
 void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire) {
   active().sum(in, k, dst, n, wire);
@@ -85,6 +137,10 @@ void sum(const uint16_t* const* in, size_t k, float* dst, size_t n, Wire wire) {
 float amax(const float* src, size_t n) { return active().amax_f32(src, n); }
 void cast(const float* src, uint8_t* dst, size_t n, float scale, Wire wire) {
   active().cast8_f32(src, dst, n, scale, wire);
+  const detail::CensusSink& sink = detail::census_sink();
+  if (!sink.census || !sink.stride) return;
+  const float* value = detail::fp8_values(wire);
+  for (size_t i = 0; i < n; i += sink.stride) detail::sample(src[i] * scale, value[dst[i]], *sink.census);
 }
 void restore(const uint8_t* src, float* dst, size_t n, float scale, Wire wire) {
   active().restore8_f32(src, dst, n, scale, wire);

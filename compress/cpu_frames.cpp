@@ -121,6 +121,12 @@ void cast(const double* src, uint8_t* dst, size_t n, float scale, Wire wire) {
   const Fp8& fp8 = format(wire);
   const double s = scale;
   for (size_t i = 0; i < n; ++i) dst[i] = fp8_of(static_cast<float>(src[i] * s), fp8);
+  const detail::CensusSink& sink = detail::census_sink();
+  if (!sink.census || !sink.stride) return;
+  const float* value = detail::fp8_values(wire);
+  for (size_t i = 0; i < n; i += sink.stride) {
+    detail::sample(static_cast<float>(src[i] * s), value[dst[i]], *sink.census);
+  }
 }
 
 void restore(const uint8_t* src, double* dst, size_t n, float scale, Wire wire) {

@@ -7,13 +7,14 @@
 
 namespace cnccl::compress::detail {
 
+// The casts count what they meet into a Census when given one (nullptr: they do not count).
 struct CpuKernels {
-  void (*cast_f32)(const float*, uint16_t*, size_t, float, Wire);
-  void (*cast_f64)(const double*, uint16_t*, size_t, float, Wire);
+  void (*cast_f32)(const float*, uint16_t*, size_t, float, Wire, Census*);
+  void (*cast_f64)(const double*, uint16_t*, size_t, float, Wire, Census*);
   void (*restore_f32)(const uint16_t*, float*, size_t, float, Wire);
   void (*restore_f64)(const uint16_t*, double*, size_t, float, Wire);
   void (*add)(uint16_t*, const uint16_t*, size_t, Wire);
-  void (*cast_add_f32)(const float*, const uint16_t*, uint16_t*, size_t, float, Wire);
+  void (*cast_add_f32)(const float*, const uint16_t*, uint16_t*, size_t, float, Wire, Census*);
   void (*sum)(const uint16_t* const*, size_t, uint16_t*, size_t, Wire);
   void (*sum_f32)(const uint16_t* const*, size_t, float*, size_t, Wire);
   // Power-of-two frames (cpu_frames.cpp).
@@ -52,6 +53,45 @@ const float* fp8_values(Wire w);
 uint8_t to_fp8(float f, Wire w);
 // Largest |x| as the bits of a non-negative float: any NaN's bits exceed infinity's.
 inline float amax_of_bits(uint32_t bits) { return bits > 0x7F800000u ? __builtin_nanf("") : float_of(bits); }
+
+// This thread's census (CensusScope).
+struct CensusSink {
+  Census* census = nullptr;
+  size_t stride = 0;
+};
+CensusSink& census_sink();
+
+// The smallest magnitude that a wire's round-to-nearest-even takes past its largest value: 65520
+// (fp16), bf16's largest value plus half its step (0x7F7F8000, whose tie rounds to the even inf), and
+// for the frames' 8-bit casts 464 (e4m3: NaN) and 61440 (e5m2: inf).
+inline float overflow_limit(Wire w) {
+  switch (w) {
+    case Wire::kFp16: return 65520.0f;
+    case Wire::kE4m3: return 464.0f;
+    case Wire::kE5m2: return 61440.0f;
+    default: return float_of(0x7F7F8000u);
+  }
+}
+
+// Counts a value about to be cast to a wire whose overflow starts at `limit`.
+inline void tally(float v, float limit, Census& c) {
+  const float a = __builtin_fabsf(v);
+  if (!(a <= 3.40282347e38f)) {
+    ++c.nonfinite;
+  } else if (a >= limit) {
+    ++c.saturated;
+  }
+}
+
+// Adds the error of one sampled value: `wire` is what `value` became on the wire, widened. Values
+// that are not finite, or became so, are counted elsewhere and left out of the error.
+inline void sample(float value, float wire, Census& c) {
+  if (!(__builtin_fabsf(value) <= 3.40282347e38f) || !(__builtin_fabsf(wire) <= 3.40282347e38f)) return;
+  const double e = double(wire) - double(value);
+  c.error_squared += e * e;
+  c.value_squared += double(value) * double(value);
+  ++c.samples;
+}
 
 inline uint16_t to_wire(float f, Wire w) { return w == Wire::kFp16 ? f32_to_fp16(f) : f32_to_bf16(f); }
 inline float from_wire(uint16_t h, Wire w) { return w == Wire::kFp16 ? fp16_to_f32(h) : bf16_to_f32(h); }

@@ -43,13 +43,27 @@ float bf16_to_f32(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 16);
 
 namespace {
 
-void cast_f32(const float* src, uint16_t* dst, size_t n, float scale, Wire w) {
-  for (size_t i = 0; i < n; ++i) dst[i] = to_wire(src[i] * scale, w);
+void cast_f32(const float* src, uint16_t* dst, size_t n, float scale, Wire w, Census* census) {
+  if (!census) {
+    for (size_t i = 0; i < n; ++i) dst[i] = to_wire(src[i] * scale, w);
+    return;
+  }
+  const float limit = overflow_limit(w);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = src[i] * scale;
+    tally(v, limit, *census);
+    dst[i] = to_wire(v, w);
+  }
 }
 
-void cast_f64(const double* src, uint16_t* dst, size_t n, float scale, Wire w) {
+void cast_f64(const double* src, uint16_t* dst, size_t n, float scale, Wire w, Census* census) {
   const double s = scale;
-  for (size_t i = 0; i < n; ++i) dst[i] = to_wire(static_cast<float>(src[i] * s), w);
+  const float limit = overflow_limit(w);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(src[i] * s);
+    if (census) tally(v, limit, *census);
+    dst[i] = to_wire(v, w);
+  }
 }
 
 void restore_f32(const uint16_t* src, float* dst, size_t n, float scale, Wire w) {
@@ -65,8 +79,14 @@ void add(uint16_t* acc, const uint16_t* in, size_t n, Wire w) {
   for (size_t i = 0; i < n; ++i) acc[i] = to_wire(from_wire(acc[i], w) + from_wire(in[i], w), w);
 }
 
-void cast_add_f32(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire w) {
-  for (size_t i = 0; i < n; ++i) acc[i] = to_wire(from_wire(to_wire(src[i] * scale, w), w) + from_wire(in[i], w), w);
+void cast_add_f32(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire w,
+                  Census* census) {
+  const float limit = overflow_limit(w);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = src[i] * scale;
+    if (census) tally(v, limit, *census);
+    acc[i] = to_wire(from_wire(to_wire(v, w), w) + from_wire(in[i], w), w);
+  }
 }
 
 void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire w) {

@@ -5,18 +5,31 @@
 
 namespace cnccl::compress {
 
-void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first) {
+namespace {
+
+// v: the fp32 value of element i, through fp32 first for fp64 sources, as the nearest-even cast.
+template <typename T>
+void cast_stochastically(const T* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither,
+                         uint64_t first) {
+  const detail::CensusSink& sink = detail::census_sink();
+  const float limit = detail::overflow_limit(wire);
   for (size_t i = 0; i < n; ++i) {
-    dst[i] = detail::to_wire(stochastic_grid_value(src[i] * scale, random_bits(dither, first + i), wire), wire);
+    const float v = static_cast<float>(src[i] * static_cast<T>(scale));
+    dst[i] = detail::to_wire(stochastic_grid_value(v, random_bits(dither, first + i), wire), wire);
+    if (!sink.census) continue;
+    detail::tally(v, limit, *sink.census);
+    if (sink.stride && i % sink.stride == 0) detail::sample(v, detail::from_wire(dst[i], wire), *sink.census);
   }
 }
 
+}  // namespace
+
+void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first) {
+  cast_stochastically(src, dst, n, scale, wire, dither, first);
+}
+
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first) {
-  const double s = scale;
-  for (size_t i = 0; i < n; ++i) {
-    const float v = static_cast<float>(src[i] * s);  // through fp32 first, as the nearest-even cast
-    dst[i] = detail::to_wire(stochastic_grid_value(v, random_bits(dither, first + i), wire), wire);
-  }
+  cast_stochastically(src, dst, n, scale, wire, dither, first);
 }
 
 void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire, const Dither& dither,

@@ -6,6 +6,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
+#include "backend/frames.h"
 #include "backend/process_group.h"
 #include "compress/codec.h"
 
@@ -39,6 +40,12 @@ class IntrusivePtrNoGilDestructor {
   c10::intrusive_ptr<T> impl_;
 };
 
+cnccl::compress::Wire framed_wire(const std::string& name) {
+  const auto wire = cnccl::parse_wire(name, "wire");
+  TORCH_CHECK_VALUE(wire.has_value(), "cnccl: frames need a wire format, not 'none'");
+  return *wire;
+}
+
 }  // namespace
 
 PYBIND11_DECLARE_HOLDER_TYPE(T, IntrusivePtrNoGilDestructor<T>, true)
@@ -55,7 +62,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
                        std::optional<std::string> cpu_engine, std::optional<std::string> shm,
                        std::optional<std::string> accumulate, std::optional<std::string> rounding,
                        std::optional<int64_t> sr_seed, std::optional<std::string> scaling,
-                       std::optional<bool> untouched_on_failure, std::chrono::milliseconds timeout) {
+                       std::optional<bool> untouched_on_failure, std::optional<std::string> telemetry,
+                       std::chrono::milliseconds timeout) {
              auto o = c10::make_intrusive<cnccl::Options>(timeout);
              o->wire_dtype = std::move(wire_dtype);
              o->min_bytes = min_bytes;
@@ -68,6 +76,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
              o->sr_seed = sr_seed;
              o->scaling = std::move(scaling);
              o->untouched_on_failure = untouched_on_failure;
+             o->telemetry = std::move(telemetry);
              o->resolve();  // bad values fail here, where the user wrote them
              return o;
            }),
@@ -75,7 +84,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
            py::arg("sum_scaling") = py::none(), py::arg("compress_fp64") = py::none(),
            py::arg("cpu_engine") = py::none(), py::arg("shm") = py::none(), py::arg("accumulate") = py::none(),
            py::arg("rounding") = py::none(), py::arg("sr_seed") = py::none(), py::arg("scaling") = py::none(),
-           py::arg("untouched_on_failure") = py::none(), py::arg("timeout") = kBackendDefaultTimeout)
+           py::arg("untouched_on_failure") = py::none(), py::arg("telemetry") = py::none(),
+           py::arg("timeout") = kBackendDefaultTimeout)
       .def_readwrite("wire_dtype", &cnccl::Options::wire_dtype)
       .def_readwrite("min_bytes", &cnccl::Options::min_bytes)
       .def_readwrite("sum_scaling", &cnccl::Options::sum_scaling)
@@ -87,6 +97,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
       .def_readwrite("sr_seed", &cnccl::Options::sr_seed)
       .def_readwrite("scaling", &cnccl::Options::scaling)
       .def_readwrite("untouched_on_failure", &cnccl::Options::untouched_on_failure)
+      .def_readwrite("telemetry", &cnccl::Options::telemetry)
       .def("_resolved_cpu_engine", [](const cnccl::Options& o) { return o.resolve().cpu_engine_name(); },
            "The CPU engine these options select once CNCCL_CPU_ENGINE is applied: 'ucx' or 'gloo'.")
       .def("__repr__", [](const cnccl::Options& o) {
@@ -96,7 +107,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
                ", cpu_engine=" + show(o.cpu_engine) + ", shm=" + show(o.shm) +
                ", accumulate=" + show(o.accumulate) + ", rounding=" + show(o.rounding) +
                ", sr_seed=" + show(o.sr_seed) + ", scaling=" + show(o.scaling) +
-               ", untouched_on_failure=" + show(o.untouched_on_failure) + ")";
+               ", untouched_on_failure=" + show(o.untouched_on_failure) + ", telemetry=" + show(o.telemetry) + ")";
       });
 
   py::class_<cnccl::ProcessGroupCNCCL, c10d::Backend, IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>>(
@@ -108,7 +119,13 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"), py::arg("cpu_engine") = nullptr,
            py::call_guard<py::gil_scoped_release>())
-      .def("stats", &cnccl::ProcessGroupCNCCL::stats, "Counters of this group's collectives and bytes.")
+      .def("stats", [](const cnccl::ProcessGroupCNCCL& pg) {
+        py::dict d;
+        for (const auto& [name, value] : pg.stats()) d[py::str(name)] = value;
+        if (pg.config().telemetry == cnccl::Telemetry::kError) d["quantization_error"] = pg.quantization_error();
+        return d;
+      }, "Counters of this group's collectives, bytes and casts; with telemetry=error, the relative L2 error "
+         "of the last compressed collective's own contribution (NaN before one).")
       .def("config", [](const cnccl::ProcessGroupCNCCL& pg) {
         const cnccl::Config& c = pg.config();
         py::dict d;
@@ -123,10 +140,29 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
         d["sr_seed"] = c.sr_seed;
         d["scaling"] = c.scaling_name();
         d["untouched_on_failure"] = c.untouched_on_failure;
+        d["telemetry"] = c.telemetry_name();
         d["cpu_transport"] = pg.cpu_transport();
         d["timeout"] = pg.timeout();
         return d;
       }, "The settings in force after defaults, CNCCL_* variables and Options are combined.");
+
+  // The frames of a wire (backend/frames.h) on the CPU, for tests that hold them to an independent
+  // oracle (torchao's MX encoding) and to the device's form: `rows` become [len(rows), bytes] frames
+  // of `count` elements each; `aten` picks ATen's form (what CUDA tensors take) over the kernels.
+  m.def("_encode_frames", [](const std::vector<at::Tensor>& rows, int64_t count, double scale, const std::string& wire,
+                             bool aten) {
+    const cnccl::compress::Wire w = framed_wire(wire);
+    at::Tensor frames = at::empty({int64_t(rows.size()), cnccl::frames::frame_bytes(count, w)},
+                                  rows.empty() ? at::TensorOptions(at::kByte) : rows[0].options().dtype(at::kByte));
+    cnccl::frames::encode(rows, count, scale, w, frames, aten ? cnccl::frames::Impl::kAten : cnccl::frames::Impl::kForDevice);
+    return frames;
+  }, py::arg("rows"), py::arg("count"), py::arg("scale"), py::arg("wire"), py::arg("aten") = false);
+  m.def("_decode_frames", [](const at::Tensor& frames, int64_t count, const std::string& wire, bool aten) {
+    const cnccl::compress::Wire w = framed_wire(wire);
+    at::Tensor out = at::empty({frames.size(0) * count}, frames.options().dtype(at::kFloat));
+    cnccl::frames::restore(frames, count, w, 1.0, out, aten ? cnccl::frames::Impl::kAten : cnccl::frames::Impl::kForDevice);
+    return out.view({frames.size(0), count});
+  }, py::arg("frames"), py::arg("count"), py::arg("wire"), py::arg("aten") = false);
 
   m.def("build_info", [] {
     py::dict d;

@@ -63,11 +63,11 @@ std::vector<at::Tensor> stages_of(const std::vector<Composition::Staged>& staged
 void unstage(Device& device, const Composition::Staged& s) {
   const bool in_place = s.target.is_contiguous();
   at::Tensor out = in_place ? flat(s.target) : at::empty({s.target.numel()}, s.target.options());
-  if (s.plan.pow2 && s.rows) {
+  if (s.plan.framed && s.rows) {
     // Frames, [ranks, frame bytes]: every rank's frame of this rank's part (reduce_scatter).
     const at::Tensor sums = at::empty({out.numel()}, out.options().dtype(at::kFloat));
     write_scaled_sums(frames::sum(s.stage.unbind(0), out.numel(), s.plan.wire, sums), out, s.plan.post_scale);
-  } else if (s.plan.pow2) {
+  } else if (s.plan.framed) {
     // Every owner's frame of its part's sum (allreduce, parts of ceil(n / ranks)).
     const int64_t ranks = s.stage.size(0);
     frames::restore(s.stage, (out.numel() + ranks - 1) / ranks, s.plan.wire, s.plan.post_scale, out);
@@ -174,7 +174,7 @@ Composition::WorkPtr Composition::to_owners(const at::Tensor& sent, const at::Te
 }
 
 Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const Plan& p, const Timing& timing) {
-  if (p.pow2) return allreduce_frames(t, p, timing);
+  if (p.framed) return allreduce_frames(t, p, timing);
   const int64_t n = t.numel(), part = (n + size_ - 1) / size_;
   const auto [contributions, sums] = dithers(p, n);
   at::Tensor sent = stage(t, p, part * size_);
@@ -211,6 +211,7 @@ Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Pla
   at::Tensor mine = at::empty({1, frame}, sent.options());
   const at::Tensor sums = at::empty({part}, t.options().dtype(at::kFloat));
   device_->run([rows, mine, sums, p, part] {
+    const compress::CensusSamplesPaused not_a_contribution;
     frames::encode({frames::sum(rows.unbind(0), part, p.wire, sums)}, part, 1.0, p.wire, mine);
   });
   at::Tensor gathered = at::empty_like(sent);
@@ -227,7 +228,7 @@ Composition::Issued Composition::reduce_scatter_fp32_sums(const std::vector<at::
                                                           const Timing& timing) {
   const int64_t each = output.numel();
   at::Tensor sent;
-  if (p.pow2) {
+  if (p.framed) {
     sent = at::empty({size_, frames::frame_bytes(each, p.wire)}, output.options().dtype(at::kByte));
     device_->run([parts, each, p, sent] { frames::encode(parts, each, p.pre_scale, p.wire, sent); });
   } else {
@@ -244,6 +245,7 @@ Composition::Issued Composition::reduce_scatter_fp32_sums(const std::vector<at::
 
 c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
+  const CastCensus census(stats_, config_.telemetry);
   TORCH_CHECK_VALUE(tensors.size() == 1, "cnccl allreduce: expects exactly one tensor, got ", tensors.size());
   const at::Tensor& t = tensors[0];
   checks::on_device_of(t, t, "allreduce");
@@ -265,6 +267,7 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                 const c10d::AllreduceCoalescedOptions& opts) {
+  const CastCensus census(stats_, config_.telemetry);
   TORCH_CHECK_VALUE(!tensors.empty(), "cnccl allreduce_coalesced: no tensors");
   std::vector<at::Tensor> direct, fp32_sums;
   std::vector<Staged> staged;
@@ -312,6 +315,7 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::
 
 c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::ReduceScatterOptions& opts) {
+  const CastCensus census(stats_, config_.telemetry);
   checks::reduce_scatter_sizes(output, input, size_, "reduce_scatter_tensor");
   const bool contiguous = input.is_contiguous() && output.is_contiguous();
   const Plan p = plan(input, input.nbytes(), opts.reduceOp, contiguous);
@@ -335,6 +339,7 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor(at::Tensor& ou
 c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                            std::vector<std::vector<at::Tensor>>& inputs,
                                                            const c10d::ReduceScatterOptions& opts) {
+  const CastCensus census(stats_, config_.telemetry);
   TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1, "cnccl reduce_scatter: expects one output and one "
                     "input list, got ", outputs.size(), " and ", inputs.size());
   const at::Tensor& out = outputs[0];
@@ -373,6 +378,7 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter(std::vector<at::Tenso
 c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                             std::vector<at::Tensor>& inputs,
                                                                             const c10d::ReduceScatterOptions& opts) {
+  const CastCensus census(stats_, config_.telemetry);
   TORCH_CHECK_VALUE(outputs.size() == inputs.size() && !inputs.empty(), "cnccl reduce_scatter_tensor_coalesced: "
                     "needs as many outputs as inputs, got ", outputs.size(), " and ", inputs.size());
   std::vector<at::Tensor> direct_in, direct_out, staged_in, stage_ins;
@@ -433,6 +439,7 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std:
 }
 
 c10::intrusive_ptr<c10d::Work> Composition::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  const CastCensus census(stats_, config_.telemetry);
   TORCH_CHECK_VALUE(tensors.size() == 1, "cnccl reduce: expects exactly one tensor, got ", tensors.size());
   const at::Tensor& t = tensors[0];
   checks::on_device_of(t, t, "reduce");

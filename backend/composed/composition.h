@@ -74,7 +74,7 @@ class Composition {
     at::Tensor target;
     Plan plan;
     // `stage` holds every rank's contribution, one row each: the restore sums them in fp32
-    // (a reduce_scatter with fp32 sums). With plan.pow2 the stage is frames, one row each.
+    // (a reduce_scatter with fp32 sums). With plan.framed the stage is frames, one row each.
     bool rows = false;
   };
 
@@ -99,10 +99,10 @@ class Composition {
     bool async_op;
   };
   WorkPtr to_owners(const at::Tensor& sent, const at::Tensor& rows, const Timing& timing);
-  // With p.pow2, allreduce_frames instead. The owner's sum and the allgather run on the stream the
+  // With p.framed, allreduce_frames instead. The owner's sum and the allgather run on the stream the
   // restore will, after the all-to-all.
   Issued allreduce_fp32_sums(const at::Tensor& t, const Plan& p, const Timing& timing);
-  // The same in power-of-two frames (backend/frames.h): the owner decodes and sums the frames it
+  // The same in frames (backend/frames.h): the owner decodes and sums the frames it
   // receives, frames its sum with the sum's own exponent, and the allgather moves frames.
   Issued allreduce_frames(const at::Tensor& t, const Plan& p, const Timing& timing);
   // `parts` (part q, staged as 16 bits or as a frame, for rank q) go out in one alltoall_base; the
@@ -112,7 +112,7 @@ class Composition {
                                   const Timing& timing);
   // Whether a reduction of `numel` elements takes the forms above. Frames carry empty tensors
   // too: no engine reduces an 8-bit wire.
-  static bool has_fp32_sums(const Plan& p, int64_t numel) { return p.pow2 || (p.fp32_sum && numel > 0); }
+  static bool has_fp32_sums(const Plan& p, int64_t numel) { return p.framed || (p.fp32_sum && numel > 0); }
 
   // `exact`: plan as reduce() does, never compressed (policy.h).
   Plan plan(const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp& op, bool as_is, bool exact = false) const;

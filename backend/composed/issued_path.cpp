@@ -23,7 +23,12 @@ void IssuedPath::shutdown() { issuer_.abort("shutdown() was called on the proces
 WorkPtr IssuedPath::issue(Call call, Issuer::Issue issue) {
   for (const auto& t : call.traffic) stats_.record(t);
   const uint64_t seq = seq_.fetch_add(call.signatures.size());
-  auto work = issuer_.submit(call.type, call.name, seq, call.signature(), call.outputs, call.timeout, std::move(issue));
+  // The composition's casts run within the issue, on the issuer's thread.
+  Issuer::Issue counted = [issue = std::move(issue), stats = &stats_, telemetry = config_.telemetry]() mutable {
+    const CastCensus census(stats, telemetry);
+    return issue();
+  };
+  auto work = issuer_.submit(call.type, call.name, seq, call.signature(), call.outputs, call.timeout, std::move(counted));
   profile_collective(call.type, call.outputs, call.wire(), work->getFuture());
   return work;
 }

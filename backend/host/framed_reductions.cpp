@@ -1,4 +1,4 @@
-// The host path's compressed sums in power-of-two frames (plan.pow2; backend/frames.h): every
+// The host path's compressed sums in frames (plan.framed; backend/frames.h): every
 // rank's frame of part p goes to rank p (reduce_scatter_alltoall), which decodes and adds them in
 // fp32 in rank order. allreduce frames that sum with its own exponent and allgathers the frames;
 // reduce_scatter writes the sum, unrounded. allreduce's parts are ceil(n / size) elements (the last
@@ -43,6 +43,7 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
     const at::Tensor total = view(owners + all, count, at::kFloat);
     const RankSum sum = [=](const char* const* inputs, char* dst, size_t, size_t) {
       frames::sum(received(inputs, size, frame), count, plan.wire, total);
+      const compress::CensusSamplesPaused not_a_contribution;
       frames::encode({total}, count, 1.0, plan.wire, frames_at(dst, 1, frame));
     };
     reduce_scatter_alltoall(*comm_, b.workspace, parts, 1, timed_reducer(sum), owners + rank * frame);

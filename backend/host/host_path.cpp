@@ -175,6 +175,7 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
 }
 
 void HostPath::run(const Step& step) {
+  const CastCensus census(&stats_, config_.telemetry);
   Scratch& scratch = comm_->scratch();
   const Buffers buffers{scratch.workspace(step.workspace_bytes), scratch.staging(step.staging_bytes)};
   PhaseTimer timer;

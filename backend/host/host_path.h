@@ -121,7 +121,7 @@ class HostPath final : public c10d::Backend {
   // The steps of the reductions, shared by their list, tensor and coalesced forms.
   Step allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
-  // Their forms in power-of-two frames (plan.pow2; framed_reductions.cpp): always the all-to-all.
+  // Their forms in frames (plan.framed; framed_reductions.cpp): always the all-to-all.
   Step framed_allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step framed_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
   // The stochastic roundings of a step's contributions and of its owners' sums, keyed by how many

@@ -1,6 +1,7 @@
 """What the framework examples share: one small model, its data, and the result file the tests read."""
 
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -31,7 +32,18 @@ def dataset(rank, n=256):
 
 
 def save(path, params, **extra):
-    """Rank 0 writes the trained parameters and what the backend counted (cnccl.stats() on cnccl)."""
+    """Rank 0 writes the trained parameters and what the backend counted (cnccl.stats() on cnccl).
+
+    Every rank first waits in a barrier and then sleeps 200 ms with the GIL released. torch's gloo
+    worker threads take the GIL after a work completes, while the training goes on: to free a comm
+    hook's Python callback (c10::ivalue::ConcretePyObjectHolder) and the Python state a work captured
+    (at::ThreadLocalState's SafePyObject). One that asks for it once the interpreter is finalizing is
+    ended by CPython with pthread_exit, whose unwinding meets those noexcept destructors: the rank
+    aborts with "terminate called without an active exception" (seen about once in 20 runs of the
+    gloo reference, in a core dump). The pause lets them finish first; nothing signals when they have.
+    """
+    dist.barrier()
+    time.sleep(0.2)
     if path and dist.get_rank() == 0:
         stats = {}
         if dist.get_backend() == "cnccl":

@@ -31,7 +31,8 @@ def __getattr__(name):
 
 def stats(group=None):
     """Counters of a cnccl group (the default group when None): collectives run, bytes the
-    tensors would have sent uncompressed, bytes actually sent, and the transport's byte count."""
+    tensors would have sent uncompressed, bytes actually sent, the transport's byte count, and what the
+    casts met (cast_nonfinite, cast_saturated; with telemetry=error, quantization_error)."""
     return backend(group).stats()
 
 

@@ -158,13 +158,26 @@ TEST(Policy, AnFp8WireFramesSumsAndLeavesMinAndMaxExact) {
   c.scaling = Scaling::kPow2;
   for (RedOp op : {RedOp::SUM, RedOp::AVG, RedOp::PREMUL_SUM}) {
     const Plan p = plan_reduction(c, at::kFloat, 1 << 20, op, 0.5, 4);
-    EXPECT_TRUE(p.compress && p.fp32_sum && p.pow2) << op_name(op);
+    EXPECT_TRUE(p.compress && p.fp32_sum && p.framed) << op_name(op);
     EXPECT_EQ(traffic(p, 1000, 4000).wire_bytes, 1000) << "one byte an element";
   }
   for (RedOp op : {RedOp::MIN, RedOp::MAX}) EXPECT_FALSE(plan_reduction(c, at::kFloat, 1 << 20, op, 1.0, 4).compress);
   c.wire = compress::Wire::kFp16;
   EXPECT_TRUE(plan_reduction(c, at::kFloat, 1 << 20, RedOp::MAX, 1.0, 4).compress) << "a 16-bit MAX as before";
-  EXPECT_FALSE(plan_reduction(c, at::kFloat, 1 << 20, RedOp::MAX, 1.0, 4).pow2);
+  EXPECT_FALSE(plan_reduction(c, at::kFloat, 1 << 20, RedOp::MAX, 1.0, 4).framed);
+}
+
+TEST(Policy, AnMxWireIsBlocksForSumsWithoutScalingPow2) {
+  Config c;
+  c.accumulate = Accumulate::kFp32;
+  for (compress::Wire w : {compress::Wire::kMxfp8, compress::Wire::kMxfp8E5m2, compress::Wire::kMxfp4}) {
+    c.wire = w;
+    const Plan p = plan_reduction(c, at::kFloat, 1 << 20, RedOp::AVG, 1.0, 4);
+    EXPECT_TRUE(p.compress && p.fp32_sum && p.framed) << compress::wire_name(w);
+    // A scale byte a block of 32, then a byte an element, or half of one.
+    EXPECT_EQ(traffic(p, 1000, 4000).wire_bytes, w == compress::Wire::kMxfp4 ? 32 + 500 : 32 + 1000);
+    EXPECT_FALSE(plan_reduction(c, at::kFloat, 1 << 20, RedOp::MAX, 1.0, 4).compress);
+  }
 }
 
 TEST(Policy, Fp32SumsOnlyForCompressedSums) {
@@ -240,6 +253,24 @@ TEST(Options, StochasticRoundingNeedsFp32AccumulationAndTakesASeed) {
   const Plan p = plan_reduction(c, at::kFloat, 1 << 20, RedOp::AVG, 1.0, 4);
   EXPECT_TRUE(p.fp32_sum && p.stochastic);
   EXPECT_FALSE(plan_reduction(c, at::kFloat, 1 << 20, RedOp::MAX, 1.0, 4).stochastic);
+}
+
+TEST(Options, TelemetryFromTheEnvironmentAndTheField) {
+  Options o;
+  EXPECT_EQ(o.resolve().telemetry, Telemetry::kCounts);
+  ::setenv("CNCCL_TELEMETRY", "error", 1);
+  EXPECT_EQ(o.resolve().telemetry, Telemetry::kError);
+  o.telemetry = "off";
+  EXPECT_EQ(o.resolve().telemetry, Telemetry::kOff);
+  ::setenv("CNCCL_TELEMETRY", "some", 1);
+  try {
+    o.resolve();
+    ADD_FAILURE() << "CNCCL_TELEMETRY=some was accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("CNCCL_TELEMETRY='some' is not valid; allowed: off, counts, error"),
+              std::string::npos) << e.what();
+  }
+  ::unsetenv("CNCCL_TELEMETRY");
 }
 
 namespace {

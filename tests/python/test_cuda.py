@@ -17,6 +17,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cnccl
+from cnccl import _C
 from harness import Cases, cached_job, check_case, gloo_group
 from models import Block, train
 from wire_formats import (ANY_OWNER, CONTRIBUTION, FRAME_DTYPE, RESULT, framed_allreduce, framed_owner_sum, random_bits,
@@ -294,6 +295,35 @@ def pow2_frames_on_the_gpu_equal_the_cpu_emulation(ctx):
         out = torch.empty(N, device=ctx.device)
         dist.reduce_scatter_tensor(out, late(x), group=g)
         same(out.cpu(), framed_owner_sum([host], wire, 1.0), f"reduce_scatter pow2 {wire}")
+
+
+@case
+def mx_blocks_on_the_gpu_equal_the_cpu_kernels(ctx):
+    """MX blocks are ATen operations on the tensor's device (backend/frames.cpp): their bytes equal the
+    CPU kernels' (which test_mx.py holds to torchao), and so do the collectives' results."""
+    half = (N + 1) // 2  # two rows, the second one short
+    for wire in ("mxfp8", "mxfp8_e5m2", "mxfp4"):
+        x = ctx.data(N)
+        x[7] = float("inf")
+        host = x.cpu()
+        rows = [host[:half], host[half:]]
+        on_cpu = _C._encode_frames(rows, half, 0.5, wire)
+        on_gpu = _C._encode_frames([r.to(ctx.device) for r in rows], half, 0.5, wire)
+        assert torch.equal(on_gpu.cpu(), on_cpu), f"{wire}: {int((on_gpu.cpu() != on_cpu).sum())} bytes differ"
+        same(_C._decode_frames(on_gpu, half, wire).cpu(), _C._decode_frames(on_cpu, half, wire), f"decode {wire}")
+
+        g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype=wire, min_bytes=0, accumulate="fp32"))
+        x[7] = 1.0
+
+        def blocks(v):  # one rank: its contribution through the blocks, as the owner decodes it
+            return _C._decode_frames(_C._encode_frames([v], N, 1.0, wire), N, wire)[0]
+
+        t = late(x)
+        dist.all_reduce(t, group=g)
+        same(t.cpu(), blocks(blocks(x.cpu())), f"allreduce {wire}")
+        out = torch.empty(N, device=ctx.device)
+        dist.reduce_scatter_tensor(out, late(x), group=g)
+        same(out.cpu(), blocks(x.cpu()), f"reduce_scatter {wire}")
 
 
 @case

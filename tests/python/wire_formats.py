@@ -36,14 +36,18 @@ def to_frame_wire(v, wire):
 
 def framed(x, wire, pre=1.0):
     """x (fp32) times `pre` through a frame: the values the receiver decodes. The sender's scale is
-    fp32(pre) * 2^k, exact, applied in one fp32 multiplication; decoding multiplies by 2^-k."""
+    fp32(pre) * 2^k, exact, applied in one fp32 multiplication; decoding multiplies by 2^-k. MX wires
+    take their blocks instead (mx_framed)."""
+    if wire in MX_ELEMENT:
+        return mx_framed(x, wire, pre)
     pre32 = torch.tensor(pre, dtype=torch.float32).item()
     k = frame_exponent(x * pre32, wire)
     return to_frame_wire(x * (pre32 * 2.0**k), wire).float() * 2.0**-k
 
 
 def framed_owner_sum(parts, wire, pre):
-    """Every rank's part (rank order) framed and decoded, added in fp32 in rank order."""
+    """Every rank's part (rank order) framed (or through MX blocks) and decoded, added in fp32 in rank
+    order."""
     acc = None
     for x in parts:
         decoded = framed(x.float(), wire, pre)
@@ -117,3 +121,50 @@ def stochastic_round(v, bits, wire):
     magnitude = np.ldexp(m + (u < q - m).astype(np.float32), spacing).astype(np.float32)
     out = np.where((t == 0) | ~np.isfinite(t), x, np.copysign(magnitude, x)).astype(np.float32)
     return torch.from_numpy(out).to(WIRE_DTYPE[wire])
+
+
+# MX blocks (docs/design.md, "MX blocks"), emulated with torchao's encoding as the oracle.
+MX_ELEMENT = {"mxfp8": torch.float8_e4m3fn, "mxfp8_e5m2": torch.float8_e5m2, "mxfp4": torch.float4_e2m1fn_x2}
+MX_BLOCK = 32
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def torchao_mx(v, wire):
+    """torchao's MX encoding (to_mx, FLOOR scaling) of fp32 values v, a multiple of 32 of them: the
+    blocks' E8M0 scale codes and the element bytes (MXFP4: two a byte, the first in the low nibble)."""
+    from torchao.prototype.mx_formats.mx_tensor import ScaleCalculationMode, to_mx
+
+    scale, data = to_mx(v.reshape(1, -1).contiguous(), MX_ELEMENT[wire], MX_BLOCK, ScaleCalculationMode.FLOOR)
+    return scale.view(torch.uint8).reshape(-1), data.view(torch.uint8).reshape(-1)
+
+
+def mx_decode(codes, elements, wire, n):
+    """The first n values of blocks given as scale codes and element bytes: each element times
+    2^(code - 127), exactly (the code 0xFF is NaN)."""
+    if wire == "mxfp4":
+        nibbles = torch.stack([elements & 15, elements >> 4], 1).reshape(-1)
+        values = E2M1_VALUES[nibbles.long()]
+    else:
+        values = elements.view(MX_ELEMENT[wire]).float()
+    scales = torch.pow(2.0, codes.double() - 127).float().masked_fill(codes == 255, float("nan"))
+    padded = torch.zeros(codes.numel() * MX_BLOCK)
+    padded[:values.numel()] = values[:padded.numel()]
+    return (padded.view(-1, MX_BLOCK) * scales[:, None]).reshape(-1)[:n]
+
+
+def mx_framed(x, wire, pre=1.0):
+    """x (fp32) times fp32(pre) through MX blocks, as the owner decodes them: blocks of 32 (the last one
+    padded with zeros) encoded by torchao, except that a block holding a value that is not finite is
+    NaN (cnccl's rule; torchao keeps such a block's finite values as zeros and its inf as inf)."""
+    pre32 = torch.tensor(pre, dtype=torch.float32).item()
+    v = x.float() * pre32
+    n = v.numel()
+    padded = torch.zeros(-(-n // MX_BLOCK) * MX_BLOCK)
+    padded[:n] = v
+    if not n:
+        return v
+    codes, elements = torchao_mx(padded, wire)
+    decoded = mx_decode(codes, elements, wire, padded.numel()).view(-1, MX_BLOCK)
+    nonfinite = ~padded.view(-1, MX_BLOCK).isfinite().all(1)
+    return decoded.masked_fill(nonfinite[:, None], float("nan")).reshape(-1)[:n]
+
