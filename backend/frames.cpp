@@ -138,10 +138,14 @@ float mx_largest(compress::Wire wire) {
   return wire == compress::Wire::kMxfp8 ? 448.0f : wire == compress::Wire::kMxfp8E5m2 ? 57344.0f : 6.0f;
 }
 
-// The values of e2m1's sixteen codes, on `like`'s device.
-at::Tensor e2m1_values(const at::Tensor& like) {
-  return at::tensor({0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f,
-                     -6.0f}).to(like.device());
+// The values of e2m1 codes (int32), computed where they are: a table copied to a device would make the
+// host wait for the stream. Code bits: sign 3, exponent 2-1, mantissa 0; exponent 0 is 0 or 0.5, e > 0 is
+// (2 + m) * 2^(e-2).
+at::Tensor e2m1_values(const at::Tensor& codes) {
+  const at::Tensor e = codes.bitwise_right_shift(1).bitwise_and(3), m = codes.bitwise_and(1);
+  const at::Tensor magnitude = at::where(e.eq(0), m.to(at::kFloat).mul(0.5),
+                                         m.add(2).to(at::kFloat).mul(power_of_two(e.sub(2))));
+  return at::where(codes.bitwise_and(8).ne(0), magnitude.neg(), magnitude);
 }
 
 // rows (each at most `count` elements, fp32 or fp64) times `scale` -> frames [rows, frame_bytes].
@@ -196,7 +200,7 @@ at::Tensor decode_mx_aten(const at::Tensor& frames, int64_t count, compress::Wir
   if (wire == compress::Wire::kMxfp4) {
     const at::Tensor bytes = frames.narrow(1, blocks, (count + 1) / 2);
     const at::Tensor nibbles = at::stack({bytes.bitwise_and(15), bytes.bitwise_right_shift(4)}, 2).view({n, -1});
-    values = e2m1_values(frames).index({nibbles.narrow(1, 0, count).to(at::kLong)});
+    values = e2m1_values(nibbles.narrow(1, 0, count).to(at::kInt));
   } else {
     values = frames.narrow(1, blocks, count).contiguous().view(wire_dtype(wire)).to(at::kFloat);
   }

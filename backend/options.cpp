@@ -148,6 +148,15 @@ Config Options::resolve() const {
   if (scaling) c.scaling = parse_scaling(*scaling, "Options.scaling");
   if (untouched_on_failure) c.untouched_on_failure = *untouched_on_failure;
   if (telemetry) c.telemetry = parse_telemetry(*telemetry, "Options.telemetry");
+  // MX first, naming everything it needs at once: the general rules below would each name one of them.
+  const bool mx = c.wire && compress::is_mx(*c.wire);
+  TORCH_CHECK_VALUE(!mx || (c.accumulate == Accumulate::kFp32 && c.scaling == Scaling::kNone &&
+                            c.rounding == Rounding::kNearest),
+                    "cnccl: wire_dtype=", c.wire_name(), " (CNCCL_WIRE_DTYPE / Options.wire_dtype) needs accumulate=fp32, "
+                    "scaling=none and rounding=rne (CNCCL_ACCUMULATE, CNCCL_SCALING, CNCCL_ROUNDING / Options): "
+                    "the owner decodes every block of 32, which carries its own power of two and rounds to nearest "
+                    "even (OCP MX v1.0); got accumulate=", c.accumulate_name(), ", scaling=", c.scaling_name(),
+                    ", rounding=", c.rounding_name());
   // With wire accumulation the engine's own 16-bit adds round to nearest: only the casts could be
   // stochastic, which is not what `sr` promises.
   TORCH_CHECK_VALUE(c.rounding != Rounding::kStochastic || c.accumulate == Accumulate::kFp32,
@@ -167,16 +176,6 @@ Config Options::resolve() const {
                     c.wire_name(), " (CNCCL_WIRE_DTYPE / Options.wire_dtype) needs accumulate=fp32 and scaling=pow2 "
                     "(CNCCL_ACCUMULATE, CNCCL_SCALING): an 8-bit value needs its part's exponent, and no engine "
                     "adds it");
-  const bool mx = c.wire && compress::is_mx(*c.wire);
-  TORCH_CHECK_VALUE(!mx || c.accumulate == Accumulate::kFp32, "cnccl: wire_dtype=", c.wire_name(),
-                    " (CNCCL_WIRE_DTYPE / Options.wire_dtype) needs accumulate=fp32 (CNCCL_ACCUMULATE / "
-                    "Options.accumulate): every MX block is decoded by its part's owner, and no engine adds it");
-  TORCH_CHECK_VALUE(!mx || c.scaling == Scaling::kNone, "cnccl: wire_dtype=", c.wire_name(),
-                    " (CNCCL_WIRE_DTYPE / Options.wire_dtype) scales every block of 32 by its own power of two; "
-                    "scaling=pow2 (CNCCL_SCALING / Options.scaling) does not apply to it: leave scaling=none");
-  TORCH_CHECK_VALUE(!mx || c.rounding == Rounding::kNearest, "cnccl: wire_dtype=", c.wire_name(),
-                    " (CNCCL_WIRE_DTYPE / Options.wire_dtype) rounds to nearest even (OCP MX v1.0); "
-                    "rounding=sr (CNCCL_ROUNDING / Options.rounding) does not apply to it");
   return c;
 }
 

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "compress/cpu_kernels.h"
 
 namespace cnccl::compress {
@@ -23,6 +27,22 @@ const MxFormat& format(Wire wire) {
 }
 
 size_t blocks(size_t n) { return (n + kMxBlock - 1) / kMxBlock; }
+
+// Blocks scaled by 2^-127 decode through an fp32 subnormal, and encode fp32 subnormals: neither may
+// flush to zero. A group's threads take its creator's floating-point settings, which may flush
+// (torch.set_flush_denormal): the kernels clear FTZ and DAZ for their call.
+class GradualUnderflow {
+ public:
+#if defined(__x86_64__)
+  GradualUnderflow() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~0x8040u); }
+  ~GradualUnderflow() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#else
+  GradualUnderflow() {}
+#endif
+};
 
 size_t element_bytes(size_t n, Wire wire) { return wire == Wire::kMxfp4 ? (n + 1) / 2 : n; }
 
@@ -140,15 +160,18 @@ size_t mx_bytes(size_t n, Wire wire) { return blocks(n) + element_bytes(n, wire)
 
 // An explicit census counts without samples; none given, this thread's CensusScope applies.
 void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst, Census* census) {
+  const GradualUnderflow exact;
   const detail::CensusSink& sink = detail::census_sink();
   encode(src, n, count, scale, wire, dst, census ? census : sink.census, census ? 0 : sink.stride);
 }
 void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst, Census* census) {
+  const GradualUnderflow exact;
   const detail::CensusSink& sink = detail::census_sink();
   encode(src, n, count, scale, wire, dst, census ? census : sink.census, census ? 0 : sink.stride);
 }
 
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire) {
+  const GradualUnderflow exact;
   float v[kMxBlock];
   for (size_t b = 0, first = 0; first < n; ++b, first += kMxBlock) {
     const size_t m = std::min(kMxBlock, n - first);
@@ -162,9 +185,11 @@ void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire)
 }
 
 void mx_restore(const uint8_t* src, size_t count, float* dst, size_t n, float post, Wire wire) {
+  const GradualUnderflow exact;
   restore(src, count, dst, n, post, wire);
 }
 void mx_restore(const uint8_t* src, size_t count, double* dst, size_t n, float post, Wire wire) {
+  const GradualUnderflow exact;
   restore(src, count, dst, n, post, wire);
 }
 

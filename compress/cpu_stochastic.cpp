@@ -1,5 +1,7 @@
 // The stochastically rounded CPU codec (stochastic.h): scalar, for every processor. Element i of a
 // call is element `first + i` of the tensor for its random bits.
+#include <cmath>
+
 #include "compress/cpu_kernels.h"
 #include "compress/stochastic.h"
 
@@ -12,13 +14,18 @@ template <typename T>
 void cast_stochastically(const T* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither,
                          uint64_t first) {
   const detail::CensusSink& sink = detail::census_sink();
-  const float limit = detail::overflow_limit(wire);
   for (size_t i = 0; i < n; ++i) {
     const float v = static_cast<float>(src[i] * static_cast<T>(scale));
     dst[i] = detail::to_wire(stochastic_grid_value(v, random_bits(dither, first + i), wire), wire);
     if (!sink.census) continue;
-    detail::tally(v, limit, *sink.census);
-    if (sink.stride && i % sink.stride == 0) detail::sample(v, detail::from_wire(dst[i], wire), *sink.census);
+    // Stochastic rounding may take any value past the largest to inf, or not: what counts is the result.
+    const float w = detail::from_wire(dst[i], wire);
+    if (!(std::fabs(v) <= 3.40282347e38f)) {
+      ++sink.census->nonfinite;
+    } else if (!(std::fabs(w) <= 3.40282347e38f)) {
+      ++sink.census->saturated;
+    }
+    if (sink.stride && i % sink.stride == 0) detail::sample(v, w, *sink.census);
   }
 }
 

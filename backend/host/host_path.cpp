@@ -137,6 +137,7 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
   std::function<void()> job = [this, work, seq, call = std::move(call), steps = std::move(steps)] {
     const bool posts = broken_.empty();  // a broken group fails the call before any message
     if (!executor_->on_own_thread()) stats_.caller_thread_collectives += 1;
+    const CastCensus census(&stats_, config_.telemetry);  // one for the call: a coalesced one is many steps
     try {
       if (!broken_.empty()) {
         throw errors::backend_error(std::string("cnccl ") + call.name + " (seq " + std::to_string(seq) +
@@ -175,7 +176,6 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
 }
 
 void HostPath::run(const Step& step) {
-  const CastCensus census(&stats_, config_.telemetry);
   Scratch& scratch = comm_->scratch();
   const Buffers buffers{scratch.workspace(step.workspace_bytes), scratch.staging(step.staging_bytes)};
   PhaseTimer timer;

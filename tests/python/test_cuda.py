@@ -313,7 +313,6 @@ def mx_blocks_on_the_gpu_equal_the_cpu_kernels(ctx):
         same(_C._decode_frames(on_gpu, half, wire).cpu(), _C._decode_frames(on_cpu, half, wire), f"decode {wire}")
 
         g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype=wire, min_bytes=0, accumulate="fp32"))
-        x[7] = 1.0
 
         def blocks(v):  # one rank: its contribution through the blocks, as the owner decodes it
             return _C._decode_frames(_C._encode_frames([v], N, 1.0, wire), N, wire)[0]
@@ -324,6 +323,22 @@ def mx_blocks_on_the_gpu_equal_the_cpu_kernels(ctx):
         out = torch.empty(N, device=ctx.device)
         dist.reduce_scatter_tensor(out, late(x), group=g)
         same(out.cpu(), blocks(x.cpu()), f"reduce_scatter {wire}")
+
+
+@case
+def non_finite_inputs_come_back_non_finite_on_every_wire(ctx):
+    """An inf and a NaN in the input: both places are non-finite after the allreduce on every wire, so
+    that a loss scaler sees the overflow."""
+    wires = [{"wire_dtype": w} for w in ("fp16", "bf16")]
+    wires += [{"wire_dtype": w, "accumulate": "fp32", "scaling": "pow2"} for w in ("fp16", "bf16", "e4m3", "e5m2")]
+    wires += [{"wire_dtype": w, "accumulate": "fp32"} for w in ("mxfp8", "mxfp8_e5m2", "mxfp4")]
+    for fields in wires:
+        g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(min_bytes=0, **fields))
+        x = ctx.data(N)
+        x[3], x[N - 2] = float("inf"), float("nan")
+        t = late(x)
+        dist.all_reduce(t, group=g)
+        assert not t[[3, N - 2]].isfinite().any().item(), f"{fields}: {t[[3, N - 2]].tolist()}"
 
 
 @case

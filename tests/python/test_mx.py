@@ -25,7 +25,7 @@ import torch.distributed as dist
 import cnccl
 from cnccl import _C
 from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, check_case, engine_of, everyones, gloo_group, share, shared_job
-from wire_formats import MX_BLOCK, MX_ELEMENT, framed_allreduce, framed_owner_sum, mx_decode, torchao_mx
+from wire_formats import E2M1_VALUES, MX_BLOCK, MX_ELEMENT, framed_allreduce, framed_owner_sum, torchao_mx
 
 R = dist.ReduceOp
 WIRES = list(MX_ELEMENT)
@@ -110,17 +110,28 @@ def test_a_short_last_block_and_an_odd_mxfp4_count_are_padded_with_zeros():
 
 
 def test_decoding_is_exact():
-    """cnccl's decoding of its own frames equals each element times 2^(code - 127)."""
+    """cnccl's decoding of its own frames equals each element times 2^(code - 127), computed in fp64 (where
+    every such product is exact) from the element's value in torch's own dtype (or e2m1's table); blocks
+    with the smallest scale, 2^-127, included."""
     require_torchao()
     for wire in WIRES:
-        for kind, blocks in blocks_of_every_kind(wire).items():
+        kinds = blocks_of_every_kind(wire)
+        kinds["smallest scale"] = torch.randn(4, 32, generator=torch.Generator().manual_seed(8)) * 2.0 ** (EMAX[wire] - 131)
+        for kind, blocks in kinds.items():
             v = blocks.reshape(-1).contiguous()
             scales, elements, _ = encode(v, wire)
+            if kind == "smallest scale":
+                assert (scales == 0).all() and elements.any(), f"{wire}: {scales}"
+            if wire == "mxfp4":
+                nibbles = torch.stack([elements & 15, elements >> 4], 1).reshape(-1)[:v.numel()]
+                values = E2M1_VALUES[nibbles.long()].double()
+            else:
+                values = elements.view(MX_ELEMENT[wire]).double()
+            want = values * torch.pow(2.0, scales.double() - 127).repeat_interleave(MX_BLOCK)[:v.numel()]
             frame = _C._encode_frames([v], v.numel(), 1.0, wire)
-            want = mx_decode(scales, elements, wire, v.numel())
             for aten in (False, True):
                 got = _C._decode_frames(frame, v.numel(), wire, aten)[0]
-                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), f"{wire} {kind} aten={aten}"
+                assert torch.equal(got.double(), want), f"{wire} {kind} aten={aten}"
 
 
 def test_a_block_that_is_not_finite_has_the_nan_scale():
@@ -165,10 +176,32 @@ def test_the_smallest_scale_divides_by_two_to_the_minus_127():
             assert torch.equal(elements, want), f"{wire} aten={aten}"
 
 
+def test_a_thread_that_flushes_subnormals_gets_the_same_bits():
+    """torch.set_flush_denormal(True) sets FTZ and DAZ on the calling thread, and a group's threads take
+    its creator's settings: the kernels must still encode fp32 subnormals and decode the 2^-127 scale."""
+    v = torch.randn(128, generator=torch.Generator().manual_seed(12)) * 2.0**-125
+    v[64:] *= 2.0**-20  # fp32 subnormals
+    for wire in WIRES:
+        frame = _C._encode_frames([v], 128, 1.0, wire)
+        decoded = _C._decode_frames(frame, 128, wire)
+        assert decoded.count_nonzero() > 0, wire
+        if not torch.set_flush_denormal(True):
+            pytest.skip("this processor cannot flush subnormals")
+        try:
+            flushed = _C._encode_frames([v], 128, 1.0, wire)
+            flushed_decoded = _C._decode_frames(flushed, 128, wire)
+        finally:
+            torch.set_flush_denormal(False)
+        assert torch.equal(flushed, frame) and torch.equal(flushed_decoded, decoded), wire
+
+
 def test_mx_wires_need_fp32_sums_and_say_so():
     for wire in WIRES:
-        with pytest.raises(ValueError, match=rf"wire_dtype={wire}.*needs accumulate=fp32"):
+        with pytest.raises(ValueError, match=rf"wire_dtype={wire}.*needs accumulate=fp32, scaling=none and "
+                                             r"rounding=rne.*got accumulate=wire"):
             cnccl.Options(wire_dtype=wire)
+        with pytest.raises(ValueError, match=rf"wire_dtype={wire}.*got accumulate=wire, scaling=none, rounding=sr"):
+            cnccl.Options(wire_dtype=wire, rounding="sr")
         with pytest.raises(ValueError, match=rf"wire_dtype={wire}.*scaling=pow2"):
             cnccl.Options(wire_dtype=wire, accumulate="fp32", scaling="pow2")
         with pytest.raises(ValueError, match=rf"wire_dtype={wire}.*rounding=sr"):
