@@ -17,9 +17,10 @@ int largest_binade(compress::Wire wire) {
   switch (wire) {
     case compress::Wire::kFp16: return 15;
     case compress::Wire::kBf16: return 127;
-    case compress::Wire::kE4m3: case compress::Wire::kMxfp8: return 8;
-    case compress::Wire::kE5m2: case compress::Wire::kMxfp8E5m2: return 15;
-    case compress::Wire::kMxfp4: return 2;
+    case compress::Wire::kE4m3: return 8;
+    case compress::Wire::kE5m2: return 15;
+    case compress::Wire::kMxfp8: case compress::Wire::kMxfp8E5m2: case compress::Wire::kMxfp4:
+      return compress::mx_emax(wire);
   }
   TORCH_CHECK(false, "cnccl: unknown wire format");
 }
@@ -134,10 +135,6 @@ constexpr int64_t kBlock = int64_t(compress::kMxBlock);
 
 int64_t mx_blocks(int64_t count) { return (count + kBlock - 1) / kBlock; }
 
-float mx_largest(compress::Wire wire) {
-  return wire == compress::Wire::kMxfp8 ? 448.0f : wire == compress::Wire::kMxfp8E5m2 ? 57344.0f : 6.0f;
-}
-
 // The values of e2m1 codes (int32), computed where they are: a table copied to a device would make the
 // host wait for the stream. Code bits: sign 3, exponent 2-1, mantissa 0; exponent 0 is 0 or 0.5, e > 0 is
 // (2 + m) * 2^(e-2).
@@ -163,7 +160,7 @@ void encode_mx_aten(const std::vector<at::Tensor>& rows, int64_t count, float sc
   const at::Tensor nonfinite = at::isfinite(amax).logical_not();
   const at::Tensor x = amax.view(at::kInt).bitwise_right_shift(23).sub(127 + largest_binade(wire)).clamp(-127, 127);
   const at::Tensor codes = at::where(nonfinite, at::full_like(x, 255), x.add(127)).to(at::kByte);
-  const float largest = mx_largest(wire);
+  const float largest = compress::mx_largest(wire);
   const at::Tensor q = at::where(nonfinite.unsqueeze(2), at::zeros_like(b), b.mul(power_of_two(x.neg()).unsqueeze(2)))
                            .clamp(-largest, largest)
                            .view({n, blocks * kBlock})

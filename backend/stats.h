@@ -52,7 +52,7 @@ struct Stats {
 
 // Counts the casts this thread makes while it lives, as `telemetry` asks, into `stats` when it ends;
 // without stats it does nothing, and leaves an enclosing census counting. A collective's casts are
-// one census: the host path's step, the composed path's issuing call.
+// one census: the host path's call, the composed path's issue on gloo's issuer thread.
 class CastCensus {
  public:
   // Every this-many-th value of each cast is sampled for the error (cost: docs/benchmarks.md).

@@ -41,6 +41,7 @@ CNCCL_RUNS = {  # name -> cnccl.Options fields
     "cnccl mxfp8_e5m2, accumulate=fp32": {"wire_dtype": "mxfp8_e5m2", "accumulate": "fp32"},
     "cnccl mxfp4, accumulate=fp32": {"wire_dtype": "mxfp4", "accumulate": "fp32"},
 }
+PER_PART_E4M3 = "cnccl e4m3, accumulate=fp32, pow2"
 LONG_RUNS = ["cnccl fp16", "cnccl e4m3, accumulate=fp32, pow2", "cnccl mxfp8, accumulate=fp32",
              "cnccl mxfp4, accumulate=fp32"]
 HOOKS = {"gloo + fp16_compress_hook": default_hooks.fp16_compress_hook,
@@ -137,17 +138,22 @@ def main():
     results, long = spawn(worker, args.ranks, args.steps, args.long_steps)
     print(f"relative L2 distance of the parameters from the fp32 gloo run after {args.steps} SGD steps, "
           f"{args.ranks} ranks")
-    print(f"{'':8}{'run':38}{'distance':>12}{'vs cnccl on the wire path':>28}")
+    print(f"{'':8}{'run':38}{'distance':>12}{'vs':>10}  the run it is compared with")
     for key, d in results.items():
         kind, name = key.split("|")
-        wire = results.get(f"{kind}|{name.split(',')[0]}")  # the same wire dtype, accumulate=wire
-        ratio = f"{d / wire:27.2f}x" if wire and name.startswith("cnccl") else ""
-        print(f"{kind:8}{name:38}{d:12.3e}{ratio}")
+        # 16-bit runs against the same wire with accumulate=wire; 8-bit and MX ones against e4m3 with one
+        # exponent a part.
+        base = name.split(",")[0] if name.split(",")[0] in ("cnccl fp16", "cnccl bf16") else PER_PART_E4M3
+        ref = results.get(f"{kind}|{base}")
+        ratio = f"{d / ref:9.2f}x  {base}" if ref and name.startswith("cnccl") and base != name else ""
+        print(f"{kind:8}{name:38}{d:12.3e} {ratio}")
     if long:
         print(f"\nDDP for {args.long_steps} steps, {args.ranks} ranks: final loss (mean over ranks) and distance")
-        print(f"{'':8}{'run':38}{'loss':>12}{'distance':>12}")
+        print(f"{'':8}{'run':38}{'loss':>12}{'distance':>12}{'vs e4m3 per part':>18}")
         for name, r in long.items():
-            print(f"{'DDP':8}{name:38}{r['loss']:12.4f}{r['distance']:12.3e}")
+            e4m3 = long.get(PER_PART_E4M3, {}).get("distance")
+            ratio = f"{r['distance'] / e4m3:17.2f}x" if e4m3 and r["distance"] else ""
+            print(f"{'DDP':8}{name:38}{r['loss']:12.4f}{r['distance']:12.3e}{ratio}")
     save_json({"ranks": args.ranks, "steps": args.steps, "distance": results, "long_steps": args.long_steps,
                "long": long}, args.json)
 

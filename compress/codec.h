@@ -129,11 +129,15 @@ void scaled_sum(const void* const* in, const float* scales, size_t k, float* dst
 // block with a value that is not finite has the scale 0xFF (NaN) and zero elements: it decodes to NaN.
 inline constexpr size_t kMxBlock = 32;
 size_t mx_bytes(size_t n, Wire wire);
+// The exponent of an MX element type's largest binade (e4m3 8, e5m2 15, e2m1 2), and its largest
+// magnitude (448, 57344, 6).
+inline int mx_emax(Wire wire) { return wire == Wire::kMxfp8 ? 8 : wire == Wire::kMxfp8E5m2 ? 15 : 2; }
+inline float mx_largest(Wire wire) {
+  return wire == Wire::kMxfp8 ? 448.0f : wire == Wire::kMxfp8E5m2 ? 57344.0f : 6.0f;
+}
 // Writes the mx_bytes(count) of a run of `count` values, the n <= count of src and then +0s.
-void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst,
-               Census* census = nullptr);
-void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst,
-               Census* census = nullptr);
+void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst);
+void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst);
 // dst[i] = ((decode(in[0])[i] + decode(in[1])[i]) + ...) + decode(in[k-1])[i] in fp32; decoding,
 // element times 2^X, is exact.
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire);

@@ -21,9 +21,9 @@ struct MxFormat {
   Wire element;     // the 8-bit format of the elements (kMxfp4: e2m1, coded here)
 };
 
-const MxFormat& format(Wire wire) {
-  static const MxFormat e4m3{8, 448.0f, Wire::kE4m3}, e5m2{15, 57344.0f, Wire::kE5m2}, e2m1{2, 6.0f, Wire::kMxfp4};
-  return wire == Wire::kMxfp8 ? e4m3 : wire == Wire::kMxfp8E5m2 ? e5m2 : e2m1;
+MxFormat format(Wire wire) {
+  return {mx_emax(wire), mx_largest(wire),
+          wire == Wire::kMxfp8 ? Wire::kE4m3 : wire == Wire::kMxfp8E5m2 ? Wire::kE5m2 : Wire::kMxfp4};
 }
 
 size_t blocks(size_t n) { return (n + kMxBlock - 1) / kMxBlock; }
@@ -108,10 +108,11 @@ float element_value(const uint8_t* elements, size_t j, float scale, Wire wire) {
   return detail::fp8_values(format(wire).element)[elements[j]] * scale;
 }
 
+// Counts into this thread's census, and samples its stride (set only with a census).
 template <typename T>
-void encode(const T* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst, Census* census,
-            size_t stride) {
-  const MxFormat& f = format(wire);
+void encode(const T* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst,
+            const detail::CensusSink& sink) {
+  const MxFormat f = format(wire);
   uint8_t* scales = dst;
   uint8_t* elements = dst + blocks(count);
   float v[kMxBlock];
@@ -121,10 +122,10 @@ void encode(const T* src, size_t n, size_t count, float scale, Wire wire, uint8_
     for (size_t j = 0; j < given; ++j) v[j] = static_cast<float>(src[first + j] * static_cast<T>(scale));
     std::fill(v + given, v + m, 0.0f);
     uint8_t* out = elements + element_bytes(first, wire);
-    scales[b] = encode_block(v, m, f, out, census);
-    if (!stride) continue;
-    for (size_t i = (first + stride - 1) / stride * stride; i < first + given; i += stride) {
-      detail::sample(v[i - first], element_value(out, i - first, scale_of(scales[b]), wire), *census);
+    scales[b] = encode_block(v, m, f, out, sink.census);
+    if (!sink.stride) continue;
+    for (size_t i = (first + sink.stride - 1) / sink.stride * sink.stride; i < first + given; i += sink.stride) {
+      detail::sample(v[i - first], element_value(out, i - first, scale_of(scales[b]), wire), *sink.census);
     }
   }
 }
@@ -158,16 +159,13 @@ void restore(const uint8_t* src, size_t count, T* dst, size_t n, float post, Wir
 
 size_t mx_bytes(size_t n, Wire wire) { return blocks(n) + element_bytes(n, wire); }
 
-// An explicit census counts without samples; none given, this thread's CensusScope applies.
-void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst, Census* census) {
+void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst) {
   const GradualUnderflow exact;
-  const detail::CensusSink& sink = detail::census_sink();
-  encode(src, n, count, scale, wire, dst, census ? census : sink.census, census ? 0 : sink.stride);
+  encode(src, n, count, scale, wire, dst, detail::census_sink());
 }
-void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst, Census* census) {
+void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst) {
   const GradualUnderflow exact;
-  const detail::CensusSink& sink = detail::census_sink();
-  encode(src, n, count, scale, wire, dst, census ? census : sink.census, census ? 0 : sink.stride);
+  encode(src, n, count, scale, wire, dst, detail::census_sink());
 }
 
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire) {

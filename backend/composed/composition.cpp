@@ -245,7 +245,6 @@ Composition::Issued Composition::reduce_scatter_fp32_sums(const std::vector<at::
 
 c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
-  const CastCensus census(stats_, config_.telemetry);
   TORCH_CHECK_VALUE(tensors.size() == 1, "cnccl allreduce: expects exactly one tensor, got ", tensors.size());
   const at::Tensor& t = tensors[0];
   checks::on_device_of(t, t, "allreduce");
@@ -267,7 +266,6 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                 const c10d::AllreduceCoalescedOptions& opts) {
-  const CastCensus census(stats_, config_.telemetry);
   TORCH_CHECK_VALUE(!tensors.empty(), "cnccl allreduce_coalesced: no tensors");
   std::vector<at::Tensor> direct, fp32_sums;
   std::vector<Staged> staged;
@@ -315,7 +313,6 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::
 
 c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::ReduceScatterOptions& opts) {
-  const CastCensus census(stats_, config_.telemetry);
   checks::reduce_scatter_sizes(output, input, size_, "reduce_scatter_tensor");
   const bool contiguous = input.is_contiguous() && output.is_contiguous();
   const Plan p = plan(input, input.nbytes(), opts.reduceOp, contiguous);
@@ -339,7 +336,6 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor(at::Tensor& ou
 c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                            std::vector<std::vector<at::Tensor>>& inputs,
                                                            const c10d::ReduceScatterOptions& opts) {
-  const CastCensus census(stats_, config_.telemetry);
   TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1, "cnccl reduce_scatter: expects one output and one "
                     "input list, got ", outputs.size(), " and ", inputs.size());
   const at::Tensor& out = outputs[0];
@@ -378,7 +374,6 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter(std::vector<at::Tenso
 c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                             std::vector<at::Tensor>& inputs,
                                                                             const c10d::ReduceScatterOptions& opts) {
-  const CastCensus census(stats_, config_.telemetry);
   TORCH_CHECK_VALUE(outputs.size() == inputs.size() && !inputs.empty(), "cnccl reduce_scatter_tensor_coalesced: "
                     "needs as many outputs as inputs, got ", outputs.size(), " and ", inputs.size());
   std::vector<at::Tensor> direct_in, direct_out, staged_in, stage_ins;
@@ -439,7 +434,6 @@ c10::intrusive_ptr<c10d::Work> Composition::reduce_scatter_tensor_coalesced(std:
 }
 
 c10::intrusive_ptr<c10d::Work> Composition::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
-  const CastCensus census(stats_, config_.telemetry);
   TORCH_CHECK_VALUE(tensors.size() == 1, "cnccl reduce: expects exactly one tensor, got ", tensors.size());
   const at::Tensor& t = tensors[0];
   checks::on_device_of(t, t, "reduce");
