@@ -153,7 +153,7 @@ void encode_mx_aten(const std::vector<at::Tensor>& rows, int64_t count, float sc
   at::Tensor v = at::zeros({n, blocks * kBlock}, frames.options().dtype(at::kFloat));
   for (int64_t r = 0; r < n; ++r) {
     const at::Tensor row = rows[size_t(r)].reshape({-1});
-    if (row.numel()) v[r].narrow(0, 0, row.numel()).copy_(row.mul(at::scalar_tensor(scale, row.options())).to(at::kFloat));
+    if (row.numel()) v[r].narrow(0, 0, row.numel()).copy_(row.mul(double(scale)).to(at::kFloat));
   }
   const at::Tensor b = v.view({n, blocks, kBlock});
   const at::Tensor amax = b.abs().amax(2);
@@ -161,8 +161,10 @@ void encode_mx_aten(const std::vector<at::Tensor>& rows, int64_t count, float sc
   const at::Tensor x = amax.view(at::kInt).bitwise_right_shift(23).sub(127 + largest_binade(wire)).clamp(-127, 127);
   const at::Tensor codes = at::where(nonfinite, at::full_like(x, 255), x.add(127)).to(at::kByte);
   const float largest = compress::mx_largest(wire);
-  const at::Tensor q = at::where(nonfinite.unsqueeze(2), at::zeros_like(b), b.mul(power_of_two(x.neg()).unsqueeze(2)))
-                           .clamp(-largest, largest)
+  // In place over v (no longer needed): the values are every row of the call at once.
+  const at::Tensor q = b.mul_(power_of_two(x.neg()).unsqueeze(2))
+                           .masked_fill_(nonfinite.unsqueeze(2), 0)
+                           .clamp_(-largest, largest)
                            .view({n, blocks * kBlock})
                            .narrow(1, 0, count);
   at::Tensor elements;
@@ -214,7 +216,7 @@ void restore_mx(const at::Tensor& frames, int64_t count, compress::Wire wire, fl
   if (!on_kernels(dst, impl)) {
     const int64_t rows = (n + count - 1) / count;
     const at::Tensor values = decode_mx_aten(frames.narrow(0, 0, rows), count, wire).to(dst.scalar_type());
-    dst.copy_(values.mul(at::scalar_tensor(post, values.options())).view({-1}).narrow(0, 0, n).view(dst.sizes()));
+    dst.copy_(values.mul(double(post)).view({-1}).narrow(0, 0, n).view(dst.sizes()));
     return;
   }
   const at::Tensor f = frames.contiguous();
