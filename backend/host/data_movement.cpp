@@ -1,8 +1,9 @@
 // The host path's collectives that move data as it is: allgather in all its forms, broadcast,
 // gather, scatter, all_to_all and barrier. Each makes its Call and one Step per tensor.
-#include "backend/host/comm.h"
 #include "backend/host/host_path.h"
+#include "backend/host/shm/shm_algorithms.h"
 #include "backend/host/staging.h"
+#include "backend/host/transport/comm.h"
 
 namespace cnccl::host {
 

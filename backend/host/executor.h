@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/host/comm.h"
+#include "backend/host/transport/comm.h"
 
 namespace cnccl::host {
 

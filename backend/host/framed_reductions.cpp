@@ -5,10 +5,10 @@
 // short or empty), as on the composed path, so both paths pick the same exponents and give the same
 // bits.
 #include "backend/frames.h"
-#include "backend/host/comm.h"
 #include "backend/host/host_path.h"
 #include "backend/host/staging.h"
-#include "backend/host/tags.h"
+#include "backend/host/transport/comm.h"
+#include "backend/host/transport/tags.h"
 
 namespace cnccl::host {
 namespace {

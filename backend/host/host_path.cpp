@@ -10,10 +10,10 @@
 
 #include "backend/checks.h"
 #include "backend/errors.h"
-#include "backend/host/comm.h"
 #include "backend/host/executor.h"
-#include "backend/host/shm_comm.h"
-#include "backend/host/ucx_transport.h"
+#include "backend/host/shm/shm_comm.h"
+#include "backend/host/transport/comm.h"
+#include "backend/host/transport/ucx_transport.h"
 
 namespace cnccl::host {
 namespace {

@@ -16,8 +16,9 @@
 #include <string>
 
 #include "backend/call.h"
-#include "backend/host/algorithms.h"
-#include "backend/host/shm_segment.h"
+#include "backend/host/algorithms/algorithms.h"
+#include "backend/host/shm/shm_algorithms.h"
+#include "backend/host/shm/shm_segment.h"
 #include "backend/stats.h"
 #include "backend/work.h"
 #include "compress/stochastic.h"

@@ -2,11 +2,12 @@
 // makes its Call (checked, planned, signed) and one Step per tensor for the funnel.
 #include <memory>
 
-#include "backend/host/comm.h"
 #include "backend/host/host_path.h"
-#include "backend/host/shm_comm.h"
+#include "backend/host/shm/shm_algorithms.h"
+#include "backend/host/shm/shm_comm.h"
 #include "backend/host/staging.h"
-#include "backend/host/tags.h"
+#include "backend/host/transport/comm.h"
+#include "backend/host/transport/tags.h"
 
 namespace cnccl::host {
 namespace {

@@ -7,7 +7,8 @@
 
 #include <functional>
 
-#include "backend/host/algorithms.h"
+#include "backend/host/algorithms/algorithms.h"
+#include "backend/host/shm/shm_algorithms.h"
 #include "backend/policy.h"
 #include "compress/stochastic.h"
 

@@ -1,6 +1,8 @@
 // Host collective algorithms over Comm, one file each. They move and reduce raw element
 // buffers; deciding dtypes, compression and where results land is the host path's job
-// (host_path.h). Each is tested on its own over an in-memory transport (tests/cpp/host/).
+// (host_path.h). They see ranks only through Comm, never a transport's or shared memory's own
+// headers (docs/design.md, "Layout"). Each is tested on its own over an in-memory transport
+// (tests/cpp/host/algorithms/).
 #pragma once
 
 #include <cstddef>
@@ -8,11 +10,9 @@
 #include <functional>
 #include <vector>
 
-#include "backend/host/comm.h"
+#include "backend/host/transport/comm.h"
 
 namespace cnccl::host {
-
-class ShmComm;
 
 // Copies `bytes` (possibly none: the buffers of an empty tensor may be null, which memcpy does not
 // allow even for zero bytes).
@@ -80,37 +80,5 @@ using RankSum = std::function<void(const char* const* inputs, char* dst, size_t 
 // accumulation needs (docs/design.md, "Numerics"). Uses message slots [slot_base, +1).
 void reduce_scatter_alltoall(Comm& comm, char* data, const Parts& parts, size_t elem, const RankSum& sum, char* out,
                              uint32_t slot_base = 0);
-
-// A reduction through shared memory (reduce_shm.cpp): every rank's contribution to the elements
-// of `parts`, reduced in rank order, lands in `out` (element e at out + e * out_elem) on the ranks
-// `deliver` names: all of them (allreduce), each its own part (reduce_scatter: `out` then holds that
-// part alone, from its first element), or the root.
-// Writes this rank's contribution to elements [offset, offset + count) to `dst`, as sent.
-using ShmProduce = std::function<void(size_t offset, size_t count, char* dst)>;
-// Takes `count` reduced elements, element `offset` first, from `result` (as `sum` wrote them).
-using ShmConsume = std::function<void(size_t offset, size_t count, const char* result)>;
-struct ShmReduction {
-  Parts parts;
-  size_t elem;
-  ShmProduce produce;
-  RankSum sum;
-  char* out;
-  enum Deliver { kAll, kOwn, kRoot } deliver = kAll;
-  int root = 0;
-  // Bytes per result element when `sum` writes a wider type than it reads (an fp32 sum of 16-bit
-  // contributions, kOwn only); 0: `elem`.
-  size_t out_elem = 0;
-  // kAll: where set, results go here chunk by chunk, straight from the shared slots (an allreduce
-  // restoring into the caller's tensor), instead of to `out`.
-  ShmConsume consume = nullptr;
-};
-void reduce_shm(ShmComm& shm, const ShmReduction& reduction);
-// Across hosts (allreduce_hierarchical.cpp): `local` reduce-scattered through this host's shared
-// memory (each local rank owns part l), each part allreduced with `reduce` among its owners on every
-// host over `across` (ring or direct by size), then allgathered through shared memory.
-void allreduce_hierarchical(ShmComm& shm, Comm& across, const ShmReduction& local, const Reducer& reduce);
-// Through shared memory (copy_shm.cpp): as allgather_ring, and as broadcast_direct.
-void allgather_shm(ShmComm& shm, char* data, const Parts& parts, size_t elem);
-void broadcast_shm(ShmComm& shm, char* data, size_t bytes, int root);
 
 }  // namespace cnccl::host

@@ -1,6 +1,6 @@
 #include <vector>
 
-#include "backend/host/algorithms.h"
+#include "backend/host/algorithms/algorithms.h"
 
 namespace cnccl::host {
 

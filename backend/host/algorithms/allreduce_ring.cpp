@@ -1,5 +1,5 @@
-#include "backend/host/algorithms.h"
-#include "backend/host/tags.h"
+#include "backend/host/algorithms/algorithms.h"
+#include "backend/host/transport/tags.h"
 
 namespace cnccl::host {
 

@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "backend/host/algorithms.h"
+#include "backend/host/algorithms/algorithms.h"
 
 namespace cnccl::host {
 namespace {

@@ -2,7 +2,7 @@
 // host path serves, a tree saves little over this and costs clarity.
 #include <vector>
 
-#include "backend/host/algorithms.h"
+#include "backend/host/algorithms/algorithms.h"
 
 namespace cnccl::host {
 

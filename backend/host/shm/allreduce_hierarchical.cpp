@@ -1,6 +1,6 @@
 // Hierarchical allreduce (docs/design.md, "Shared memory"): only each rank's part crosses hosts.
-#include "backend/host/algorithms.h"
-#include "backend/host/shm_comm.h"
+#include "backend/host/shm/shm_algorithms.h"
+#include "backend/host/shm/shm_comm.h"
 #include "backend/policy.h"
 
 namespace cnccl::host {

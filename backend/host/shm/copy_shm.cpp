@@ -3,8 +3,8 @@
 // rank copies out what it lacks. One wait per chunk.
 #include <algorithm>
 
-#include "backend/host/algorithms.h"
-#include "backend/host/shm_comm.h"
+#include "backend/host/shm/shm_algorithms.h"
+#include "backend/host/shm/shm_comm.h"
 
 namespace cnccl::host {
 

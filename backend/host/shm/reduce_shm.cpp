@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "backend/host/algorithms.h"
-#include "backend/host/shm_comm.h"
+#include "backend/host/shm/shm_algorithms.h"
+#include "backend/host/shm/shm_comm.h"
 
 namespace cnccl::host {
 namespace {

@@ -1,4 +1,4 @@
-#include "backend/host/shm_comm.h"
+#include "backend/host/shm/shm_comm.h"
 
 #include <c10/util/Exception.h>
 #include <linux/futex.h>

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/host/shm_segment.h"
+#include "backend/host/shm/shm_segment.h"
 
 namespace cnccl::host {
 

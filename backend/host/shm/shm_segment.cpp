@@ -1,4 +1,4 @@
-#include "backend/host/shm_segment.h"
+#include "backend/host/shm/shm_segment.h"
 
 #include <fcntl.h>
 #include <poll.h>

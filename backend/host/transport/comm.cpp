@@ -1,10 +1,10 @@
-#include "backend/host/comm.h"
+#include "backend/host/transport/comm.h"
 
 #include <c10/util/Exception.h>
 
 #include <thread>
 
-#include "backend/host/tags.h"
+#include "backend/host/transport/tags.h"
 #include "backend/signature.h"
 
 namespace cnccl::host {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/host/scratch.h"
-#include "backend/host/transport.h"
+#include "backend/host/transport/scratch.h"
+#include "backend/host/transport/transport.h"
 
 namespace cnccl::host {
 

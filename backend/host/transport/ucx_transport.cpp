@@ -1,4 +1,4 @@
-#include "backend/host/ucx_transport.h"
+#include "backend/host/transport/ucx_transport.h"
 
 #include <c10/util/Exception.h>
 

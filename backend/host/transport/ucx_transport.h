@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/host/transport.h"
+#include "backend/host/transport/transport.h"
 
 namespace cnccl::host {
 

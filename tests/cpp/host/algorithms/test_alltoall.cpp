@@ -1,4 +1,4 @@
-// alltoall_direct (backend/host/alltoall_direct.cpp) over the in-memory transport, with uneven
+// alltoall_direct (backend/host/algorithms/alltoall_direct.cpp) over the in-memory transport, with uneven
 // and zero-length splits; and a size disagreement, which must fail naming it, not truncate.
 // reduce_scatter_alltoall (reduce_scatter_alltoall.cpp): every contribution reaches its owner in
 // rank order, whatever order the messages arrive in.
@@ -6,9 +6,9 @@
 
 #include <cstring>
 
-#include "backend/host/algorithms.h"
-#include "memory_transport.h"
-#include "values.h"
+#include "backend/host/algorithms/algorithms.h"
+#include "tests/cpp/host/transport/memory_transport.h"
+#include "tests/cpp/host/values.h"
 
 namespace cnccl::host::testing {
 namespace {

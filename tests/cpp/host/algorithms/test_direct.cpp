@@ -1,12 +1,12 @@
-// allreduce_direct and barrier_direct (backend/host/allreduce_direct.cpp, barrier_direct.cpp)
+// allreduce_direct and barrier_direct (backend/host/algorithms/allreduce_direct.cpp, barrier_direct.cpp)
 // over the in-memory transport.
 #include <gtest/gtest.h>
 
 #include <cstring>
 
-#include "backend/host/algorithms.h"
-#include "memory_transport.h"
-#include "values.h"
+#include "backend/host/algorithms/algorithms.h"
+#include "tests/cpp/host/transport/memory_transport.h"
+#include "tests/cpp/host/values.h"
 
 namespace cnccl::host::testing {
 namespace {

@@ -1,12 +1,12 @@
-// reduce_scatter_ring, allgather_ring and allreduce_ring (backend/host/*_ring.cpp) over the
+// reduce_scatter_ring, allgather_ring and allreduce_ring (backend/host/algorithms/*_ring.cpp) over the
 // in-memory transport, at world sizes 1-5 and sizes from empty to segmented.
 #include <gtest/gtest.h>
 
 #include <atomic>
 
-#include "backend/host/algorithms.h"
-#include "memory_transport.h"
-#include "values.h"
+#include "backend/host/algorithms/algorithms.h"
+#include "tests/cpp/host/transport/memory_transport.h"
+#include "tests/cpp/host/values.h"
 
 namespace cnccl::host::testing {
 namespace {

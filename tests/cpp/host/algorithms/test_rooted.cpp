@@ -1,10 +1,10 @@
-// broadcast_direct, reduce_direct, gather_direct and scatter_direct (backend/host/rooted.cpp)
+// broadcast_direct, reduce_direct, gather_direct and scatter_direct (backend/host/algorithms/rooted.cpp)
 // over the in-memory transport, from every root.
 #include <gtest/gtest.h>
 
-#include "backend/host/algorithms.h"
-#include "memory_transport.h"
-#include "values.h"
+#include "backend/host/algorithms/algorithms.h"
+#include "tests/cpp/host/transport/memory_transport.h"
+#include "tests/cpp/host/values.h"
 
 namespace cnccl::host::testing {
 namespace {

@@ -1,4 +1,4 @@
-// The shared-memory channel, reduction and copies (backend/host/shm_comm.cpp, reduce_shm.cpp,
+// The shared-memory channel, reduction and copies (backend/host/shm/shm_comm.cpp, reduce_shm.cpp,
 // copy_shm.cpp; allreduce_hierarchical.cpp needs two hosts: tests/python/test_shm.py): ranks are
 // threads of one process, each with its own real memfd segment, mapped by the others through
 // /proc/self/fd as separate processes would map them. Oracles are written here: integer sums, and
@@ -22,10 +22,11 @@
 #include <functional>
 #include <thread>
 
-#include "backend/host/algorithms.h"
-#include "backend/host/shm_comm.h"
+#include "backend/host/algorithms/algorithms.h"
+#include "backend/host/shm/shm_algorithms.h"
+#include "backend/host/shm/shm_comm.h"
 #include "compress/codec.h"
-#include "values.h"
+#include "tests/cpp/host/values.h"
 
 namespace cnccl::host::testing {
 namespace {

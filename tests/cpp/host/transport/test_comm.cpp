@@ -1,12 +1,12 @@
-// Comm (backend/host/comm.cpp) over the in-memory transport: the signature headers that make
+// Comm (backend/host/transport/comm.cpp) over the in-memory transport: the signature headers that make
 // ranks which called different collectives fail, naming both calls, even when a peer that saw
 // the disagreement first has torn its transport down.
 #include <gtest/gtest.h>
 
 #include <array>
 
-#include "backend/host/algorithms.h"
-#include "memory_transport.h"
+#include "backend/host/algorithms/algorithms.h"
+#include "tests/cpp/host/transport/memory_transport.h"
 
 namespace cnccl::host::testing {
 namespace {
