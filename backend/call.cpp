@@ -16,7 +16,10 @@ std::string describe(const at::Tensor& t, const Plan& plan, RedOp op) {
   return describe(t) + ", " + op_name(op) + ", " + (plan.compress ? compress::wire_name(plan.wire) : "no") + " wire" +
          (plan.post_scale != 1.0 ? ", sum scaled by the world size" : "") + (plan.fp32_sum ? ", fp32 sums" : "") +
          (plan.stochastic ? ", stochastic rounding seed " + std::to_string(plan.sr_seed) : "") +
-         (plan.framed ? (compress::is_mx(plan.wire) ? ", MX blocks" : ", pow2 frames") : "");
+         (plan.framed ? (compress::is_mx(plan.wire)
+                             ? ", MX blocks (" + std::string(compress::mx_scale_name(plan.mx_scale)) + " scales)"
+                             : ", pow2 frames")
+                      : "");
 }
 std::string with_root(std::string what, int64_t root) { return what + ", root " + std::to_string(root); }
 

@@ -147,7 +147,7 @@ at::Tensor e2m1_values(const at::Tensor& codes) {
 
 // rows (each at most `count` elements, fp32 or fp64) times `scale` -> frames [rows, frame_bytes].
 void encode_mx_aten(const std::vector<at::Tensor>& rows, int64_t count, float scale, compress::Wire wire,
-                    const at::Tensor& frames) {
+                    compress::MxScale rule, const at::Tensor& frames) {
   const int64_t n = int64_t(rows.size()), blocks = mx_blocks(count);
   if (!count) return;
   at::Tensor v = at::zeros({n, blocks * kBlock}, frames.options().dtype(at::kFloat));
@@ -158,7 +158,12 @@ void encode_mx_aten(const std::vector<at::Tensor>& rows, int64_t count, float sc
   const at::Tensor b = v.view({n, blocks, kBlock});
   const at::Tensor amax = b.abs().amax(2);
   const at::Tensor nonfinite = at::isfinite(amax).logical_not();
-  const at::Tensor x = amax.view(at::kInt).bitwise_right_shift(23).sub(127 + largest_binade(wire)).clamp(-127, 127);
+  const at::Tensor bits = amax.view(at::kInt);
+  at::Tensor x = bits.bitwise_right_shift(23).sub(127 + largest_binade(wire));
+  if (rule == compress::MxScale::kRceil) {
+    x.add_(bits.bitwise_and(0x7FFFFF).gt(int64_t(compress::mx_largest_fraction(wire))).to(at::kInt));
+  }
+  x.clamp_(-127, 127);
   const at::Tensor codes = at::where(nonfinite, at::full_like(x, 255), x.add(127)).to(at::kByte);
   const float largest = compress::mx_largest(wire);
   // In place over v (no longer needed): the values are every row of the call at once.
@@ -258,7 +263,7 @@ std::vector<at::Tensor> parts_of(const at::Tensor& flat, int64_t parts, int64_t 
 }
 
 void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, compress::Wire wire,
-            const at::Tensor& frames, Impl impl) {
+            compress::MxScale mx_scale, const at::Tensor& frames, Impl impl) {
   const int64_t bytes = payload_bytes(count, wire);
   TORCH_CHECK(frames.scalar_type() == at::kByte && frames.is_contiguous() && frames.dim() == 2 &&
                   frames.size(0) == int64_t(rows.size()) && frames.size(1) == frame_bytes(count, wire),
@@ -266,13 +271,13 @@ void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, co
   const int64_t header = header_bytes(wire), padding = frames.size(1) - header - bytes;
   if (padding) frames.narrow(1, header + bytes, padding).zero_();
   if (compress::is_mx(wire)) {
-    if (!on_kernels(frames, impl)) return encode_mx_aten(rows, count, float(scale), wire, frames);
+    if (!on_kernels(frames, impl)) return encode_mx_aten(rows, count, float(scale), wire, mx_scale, frames);
     for (size_t r = 0; r < rows.size(); ++r) {
       // A short row's blocks are those of `count` values, its missing ones +0.
       const at::Tensor x = rows[r].contiguous();
       uint8_t* frame = frames[int64_t(r)].mutable_data_ptr<uint8_t>();
       with_wide_data(static_cast<const char*>(x.const_data_ptr()), x.scalar_type(), [&](const auto* row) {
-        compress::mx_encode(row, size_t(x.numel()), size_t(count), float(scale), wire, frame);
+        compress::mx_encode(row, size_t(x.numel()), size_t(count), float(scale), wire, mx_scale, frame);
       });
     }
     return;

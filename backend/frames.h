@@ -33,9 +33,10 @@ enum class Impl : uint8_t { kForDevice, kAten };
 // non-zero, a = m * 2^e with m in [0.5, 1) and k = clamp(emax - e, -126, 126), emax the exponent of the
 // wire's largest binade (fp16 15, bf16 127, e4m3 8, e5m2 15); else k = 0. The payload is
 // compress::cast(rows[r], s * 2^k): each value times that exact scale, rounded to the wire. The
-// largest lands in [2^(emax-1), 2^emax): rounding up never overflows.
+// largest lands in [2^(emax-1), 2^emax): rounding up never overflows. An MX wire's frame is its blocks,
+// each scaled by `mx_scale`'s rule (compress::mx_encode); other wires ignore it.
 void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, compress::Wire wire,
-            const at::Tensor& frames, Impl impl = Impl::kForDevice);
+            compress::MxScale mx_scale, const at::Tensor& frames, Impl impl = Impl::kForDevice);
 // `flat` cut into `parts` rows of `count` elements (the last ones short or empty).
 std::vector<at::Tensor> parts_of(const at::Tensor& flat, int64_t parts, int64_t count);
 

@@ -98,6 +98,13 @@ bool parse_bool(const std::string& value, const char* source) {
 
 }  // namespace
 
+compress::MxScale parse_mx_scale(const std::string& value, const char* source) {
+  const std::string v = lower(value);
+  if (v == "rceil") return compress::MxScale::kRceil;
+  if (v == "floor") return compress::MxScale::kFloor;
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: rceil, floor");
+}
+
 std::optional<compress::Wire> parse_wire(const std::string& value, const char* source) {
   const std::string v = lower(value);
   if (v == "fp16" || v == "float16") return compress::Wire::kFp16;
@@ -132,6 +139,7 @@ Config Options::resolve() const {
     c.untouched_on_failure = parse_bool(*v, "CNCCL_UNTOUCHED_ON_FAILURE");
   }
   if (auto v = env("CNCCL_TELEMETRY")) c.telemetry = parse_telemetry(*v, "CNCCL_TELEMETRY");
+  if (auto v = env("CNCCL_MX_SCALE")) c.mx_scale = parse_mx_scale(*v, "CNCCL_MX_SCALE");
   if (wire_dtype) c.wire = parse_wire(*wire_dtype, "Options.wire_dtype");
   if (min_bytes) {
     TORCH_CHECK_VALUE(*min_bytes >= 0, "cnccl: Options.min_bytes=", *min_bytes,
@@ -148,6 +156,7 @@ Config Options::resolve() const {
   if (scaling) c.scaling = parse_scaling(*scaling, "Options.scaling");
   if (untouched_on_failure) c.untouched_on_failure = *untouched_on_failure;
   if (telemetry) c.telemetry = parse_telemetry(*telemetry, "Options.telemetry");
+  if (mx_scale) c.mx_scale = parse_mx_scale(*mx_scale, "Options.mx_scale");
   // MX first, naming everything it needs at once: the general rules below would each name one of them.
   const bool mx = c.wire && compress::is_mx(*c.wire);
   TORCH_CHECK_VALUE(!mx || (c.accumulate == Accumulate::kFp32 && c.scaling == Scaling::kNone &&
@@ -188,7 +197,9 @@ std::string Config::bytes_settings() const {
                      ", compress_fp64=" + (compress_fp64 ? "1" : "0") + ", accumulate=" + accumulate_name() +
                      ", rounding=" + rounding_name();
   if (rounding == Rounding::kStochastic) text += ", sr_seed=" + std::to_string(sr_seed);
-  return text + ", scaling=" + scaling_name();
+  text += ", scaling=" + std::string(scaling_name());
+  if (compress::is_mx(*wire)) text += ", mx_scale=" + std::string(compress::mx_scale_name(mx_scale));
+  return text;
 }
 
 void agree_on_settings(c10d::Store& store, const std::string& key, int rank, int size, const Config& config,

@@ -54,6 +54,9 @@ struct Config {
   // collectives leave the group unusable and the tensor undefined.
   bool untouched_on_failure = false;
   Telemetry telemetry = Telemetry::kCounts;
+  // How an MX block's power of two is chosen (compress::MxScale): RCEIL, the smallest that saturates
+  // nothing (NVIDIA's hardware and torchao's RCEIL), or OCP's FLOOR. Changes bytes only on MX wires.
+  compress::MxScale mx_scale = compress::MxScale::kRceil;
 
   std::string wire_name() const { return wire ? compress::wire_name(*wire) : "none"; }
   const char* cpu_engine_name() const { return cpu_engine == CpuEngine::kGloo ? "gloo" : "ucx"; }
@@ -91,6 +94,7 @@ struct Options : c10d::Backend::Options {
   std::optional<std::string> scaling;      // none | pow2
   std::optional<bool> untouched_on_failure;
   std::optional<std::string> telemetry;    // off | counts | error
+  std::optional<std::string> mx_scale;     // rceil | floor
 
   // Overrides Backend::Options::clone() where the torch version has it (keeps the subclass).
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const;
@@ -103,5 +107,7 @@ struct Options : c10d::Backend::Options {
 // A wire_dtype value (CNCCL_WIRE_DTYPE, Options.wire_dtype): nullopt for "none". Throws c10::ValueError
 // naming `source` and the allowed values.
 std::optional<compress::Wire> parse_wire(const std::string& value, const char* source);
+// An mx_scale value (CNCCL_MX_SCALE, Options.mx_scale): rceil or floor. Throws c10::ValueError likewise.
+compress::MxScale parse_mx_scale(const std::string& value, const char* source);
 
 }  // namespace cnccl

@@ -93,6 +93,7 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
   plan.stochastic = plan.fp32_sum && config.rounding == Rounding::kStochastic;
   plan.sr_seed = config.sr_seed;
   plan.framed = plan.fp32_sum && (config.scaling == Scaling::kPow2 || compress::is_mx(plan.wire));
+  plan.mx_scale = config.mx_scale;
   return plan;
 }
 

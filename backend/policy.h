@@ -32,6 +32,8 @@ struct Plan {
   // fp32_sum with scaling=pow2 or an MX wire: every part travels in a frame (backend/frames.h), with
   // its own power-of-two exponent or as MX blocks. The only form an 8-bit or MX wire takes.
   bool framed = false;
+  // An MX wire's block scale rule (Config::mx_scale).
+  compress::MxScale mx_scale = compress::MxScale::kRceil;
 };
 
 // What a collective puts on the wire for one tensor, as cnccl.stats() counts it.

@@ -122,11 +122,22 @@ void scaled_sum(const void* const* in, const float* scales, size_t k, float* dst
 // OCP Microscaling (MX v1.0) blocks on the CPU (cpu_mx.cpp; docs/design.md, "MX blocks"). n values are
 // ceil(n / 32) blocks of 32, the last one short; their bytes (mx_bytes) are the blocks' E8M0 scales,
 // then the elements: one byte each, or for MXFP4 two a byte, element 2j in the low nibble and an odd
-// count's last high nibble zero. A block's value v (src[i] * scale, formed as cast() forms it) with
-// amax its largest |v|: the scale is 2^X, X = clamp(floor(log2(amax)) - emax, -127, 127) (emax: e4m3
-// 8, e5m2 15, e2m1 2; amax zero or an fp32 subnormal gives X = -127), stored as X + 127; each element
-// is v * 2^-X rounded to nearest even after saturating to the element type's largest magnitude. A
-// block with a value that is not finite has the scale 0xFF (NaN) and zero elements: it decodes to NaN.
+// count's last high nibble zero. A block's values v (src[i] * scale, formed as cast() forms it) with
+// amax their largest |v| get the scale 2^X, stored as X + 127, with X by the block's MxScale rule
+// (below); each element is v * 2^-X rounded to nearest even after saturating to the element type's
+// largest magnitude. A block with a value that is not finite has the scale 0xFF (NaN) and zero
+// elements: it decodes to NaN.
+// How a block's X is chosen, from amax's exponent E = floor(log2(amax)) and the element type's emax
+// (e4m3 8, e5m2 15, e2m1 2) and largest magnitude L (448, 57344, 6):
+// - kRceil: the smallest X with amax <= L * 2^X, clamped to [-127, 127]: ceil(log2(amax / L)), as NVIDIA's
+//   hardware rounds the quotient up to a power of two (cvt.rp.satfinite.ue8m0x2) and torchao's
+//   ScaleCalculationMode.RCEIL. No element saturates. In bits: X = E - emax, plus one when amax's
+//   significand exceeds L's (1.75 for e4m3 and e5m2, 1.5 for e2m1).
+// - kFloor: X = clamp(E - emax, -127, 127), OCP MX v1.0's rule and torchao's FLOOR: a block whose amax's
+//   significand exceeds L's saturates its largest values.
+// amax zero or an fp32 subnormal gives X = -127 under both.
+enum class MxScale : uint8_t { kRceil, kFloor };
+const char* mx_scale_name(MxScale rule);
 inline constexpr size_t kMxBlock = 32;
 size_t mx_bytes(size_t n, Wire wire);
 // The exponent of an MX element type's largest binade (e4m3 8, e5m2 15, e2m1 2), and its largest
@@ -136,8 +147,11 @@ inline float mx_largest(Wire wire) {
   return wire == Wire::kMxfp8 ? 448.0f : wire == Wire::kMxfp8E5m2 ? 57344.0f : 6.0f;
 }
 // Writes the mx_bytes(count) of a run of `count` values, the n <= count of src and then +0s.
-void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst);
-void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst);
+void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst);
+void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst);
+// The bits of L's significand past its leading one (1.75: 0x600000; 1.5: 0x400000): kRceil adds one to X
+// when amax's exceed them.
+inline uint32_t mx_largest_fraction(Wire wire) { return wire == Wire::kMxfp4 ? 0x400000u : 0x600000u; }
 // dst[i] = ((decode(in[0])[i] + decode(in[1])[i]) + ...) + decode(in[k-1])[i] in fp32; decoding,
 // element times 2^X, is exact.
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire);

@@ -16,13 +16,14 @@ using detail::bits_of;
 using detail::float_of;
 
 struct MxFormat {
-  int emax;         // the exponent of the element type's largest binade
-  float max;        // its largest magnitude
-  Wire element;     // the 8-bit format of the elements (kMxfp4: e2m1, coded here)
+  int emax;           // the exponent of the element type's largest binade
+  float max;          // its largest magnitude
+  uint32_t fraction;  // the significand bits of max past its leading one
+  Wire element;       // the 8-bit format of the elements (kMxfp4: e2m1, coded here)
 };
 
 MxFormat format(Wire wire) {
-  return {mx_emax(wire), mx_largest(wire),
+  return {mx_emax(wire), mx_largest(wire), mx_largest_fraction(wire),
           wire == Wire::kMxfp8 ? Wire::kE4m3 : wire == Wire::kMxfp8E5m2 ? Wire::kE5m2 : Wire::kMxfp4};
 }
 
@@ -63,7 +64,7 @@ const float kE2m1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  
 
 // One block's m <= 32 values v, already scaled: its scale code, and its elements written at `out`
 // (for MXFP4, m / 2 bytes and a low nibble for an odd m).
-uint8_t encode_block(const float* v, size_t m, const MxFormat& f, uint8_t* out, Census* census) {
+uint8_t encode_block(const float* v, size_t m, const MxFormat& f, MxScale rule, uint8_t* out, Census* census) {
   uint32_t amax = 0;
   size_t nonfinite = 0;
   for (size_t j = 0; j < m; ++j) {
@@ -78,9 +79,11 @@ uint8_t encode_block(const float* v, size_t m, const MxFormat& f, uint8_t* out, 
     return 0xFF;
   }
   // floor(log2(amax)) is amax's exponent field less the bias; a subnormal or zero amax gives -127,
-  // which the clamp keeps where the true floor (below -127) would have gone.
-  const int x = std::clamp(int(amax >> 23) - 127 - f.emax, -127, 127);
-  const float inverse = float_of(uint32_t(127 - x) << 23);  // 2^-X: X <= 127 - emax keeps it normal
+  // which the clamp keeps where the true floor (below -127) would have gone. RCEIL's increment comes
+  // before the clamp: below it, the clamp's -127 already holds L * 2^X >= amax.
+  const int rceil = rule == MxScale::kRceil && (amax & 0x7FFFFFu) > f.fraction;
+  const int x = std::clamp(int(amax >> 23) - 127 - f.emax + rceil, -127, 127);
+  const float inverse = float_of(uint32_t(127 - x) << 23);  // 2^-X: X <= 128 - emax keeps it normal
   size_t saturated = 0;
   if (f.element == Wire::kMxfp4) {
     std::fill(out, out + bytes, uint8_t(0));
@@ -110,7 +113,7 @@ float element_value(const uint8_t* elements, size_t j, float scale, Wire wire) {
 
 // Counts into this thread's census, and samples its stride (set only with a census).
 template <typename T>
-void encode(const T* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst,
+void encode(const T* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst,
             const detail::CensusSink& sink) {
   const MxFormat f = format(wire);
   uint8_t* scales = dst;
@@ -122,7 +125,7 @@ void encode(const T* src, size_t n, size_t count, float scale, Wire wire, uint8_
     for (size_t j = 0; j < given; ++j) v[j] = static_cast<float>(src[first + j] * static_cast<T>(scale));
     std::fill(v + given, v + m, 0.0f);
     uint8_t* out = elements + element_bytes(first, wire);
-    scales[b] = encode_block(v, m, f, out, sink.census);
+    scales[b] = encode_block(v, m, f, rule, out, sink.census);
     if (!sink.stride) continue;
     for (size_t i = (first + sink.stride - 1) / sink.stride * sink.stride; i < first + given; i += sink.stride) {
       detail::sample(v[i - first], element_value(out, i - first, scale_of(scales[b]), wire), *sink.census);
@@ -159,13 +162,15 @@ void restore(const uint8_t* src, size_t count, T* dst, size_t n, float post, Wir
 
 size_t mx_bytes(size_t n, Wire wire) { return blocks(n) + element_bytes(n, wire); }
 
-void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst) {
+const char* mx_scale_name(MxScale rule) { return rule == MxScale::kFloor ? "floor" : "rceil"; }
+
+void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst) {
   const GradualUnderflow exact;
-  encode(src, n, count, scale, wire, dst, detail::census_sink());
+  encode(src, n, count, scale, wire, rule, dst, detail::census_sink());
 }
-void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, uint8_t* dst) {
+void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst) {
   const GradualUnderflow exact;
-  encode(src, n, count, scale, wire, dst, detail::census_sink());
+  encode(src, n, count, scale, wire, rule, dst, detail::census_sink());
 }
 
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire) {

@@ -63,7 +63,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
                        std::optional<std::string> accumulate, std::optional<std::string> rounding,
                        std::optional<int64_t> sr_seed, std::optional<std::string> scaling,
                        std::optional<bool> untouched_on_failure, std::optional<std::string> telemetry,
-                       std::chrono::milliseconds timeout) {
+                       std::optional<std::string> mx_scale, std::chrono::milliseconds timeout) {
              auto o = c10::make_intrusive<cnccl::Options>(timeout);
              o->wire_dtype = std::move(wire_dtype);
              o->min_bytes = min_bytes;
@@ -77,6 +77,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
              o->scaling = std::move(scaling);
              o->untouched_on_failure = untouched_on_failure;
              o->telemetry = std::move(telemetry);
+             o->mx_scale = std::move(mx_scale);
              o->resolve();  // bad values fail here, where the user wrote them
              return o;
            }),
@@ -85,7 +86,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
            py::arg("cpu_engine") = py::none(), py::arg("shm") = py::none(), py::arg("accumulate") = py::none(),
            py::arg("rounding") = py::none(), py::arg("sr_seed") = py::none(), py::arg("scaling") = py::none(),
            py::arg("untouched_on_failure") = py::none(), py::arg("telemetry") = py::none(),
-           py::arg("timeout") = kBackendDefaultTimeout)
+           py::arg("mx_scale") = py::none(), py::arg("timeout") = kBackendDefaultTimeout)
       .def_readwrite("wire_dtype", &cnccl::Options::wire_dtype)
       .def_readwrite("min_bytes", &cnccl::Options::min_bytes)
       .def_readwrite("sum_scaling", &cnccl::Options::sum_scaling)
@@ -98,6 +99,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
       .def_readwrite("scaling", &cnccl::Options::scaling)
       .def_readwrite("untouched_on_failure", &cnccl::Options::untouched_on_failure)
       .def_readwrite("telemetry", &cnccl::Options::telemetry)
+      .def_readwrite("mx_scale", &cnccl::Options::mx_scale)
       .def("_resolved_cpu_engine", [](const cnccl::Options& o) { return o.resolve().cpu_engine_name(); },
            "The CPU engine these options select once CNCCL_CPU_ENGINE is applied: 'ucx' or 'gloo'.")
       .def("__repr__", [](const cnccl::Options& o) {
@@ -107,7 +109,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
                ", cpu_engine=" + show(o.cpu_engine) + ", shm=" + show(o.shm) +
                ", accumulate=" + show(o.accumulate) + ", rounding=" + show(o.rounding) +
                ", sr_seed=" + show(o.sr_seed) + ", scaling=" + show(o.scaling) +
-               ", untouched_on_failure=" + show(o.untouched_on_failure) + ", telemetry=" + show(o.telemetry) + ")";
+               ", untouched_on_failure=" + show(o.untouched_on_failure) + ", telemetry=" + show(o.telemetry) +
+               ", mx_scale=" + show(o.mx_scale) + ")";
       });
 
   py::class_<cnccl::ProcessGroupCNCCL, c10d::Backend, IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>>(
@@ -141,6 +144,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
         d["scaling"] = c.scaling_name();
         d["untouched_on_failure"] = c.untouched_on_failure;
         d["telemetry"] = c.telemetry_name();
+        d["mx_scale"] = cnccl::compress::mx_scale_name(c.mx_scale);
         d["cpu_transport"] = pg.cpu_transport();
         d["timeout"] = pg.timeout();
         return d;
@@ -148,15 +152,18 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
 
   // The frames of a wire (backend/frames.h) on the CPU, for tests that hold them to an independent
   // oracle (torchao's MX encoding) and to the device's form: `rows` become [len(rows), bytes] frames
-  // of `count` elements each; `aten` picks ATen's form (what CUDA tensors take) over the kernels.
+  // of `count` elements each; `aten` picks ATen's form (what CUDA tensors take) over the kernels;
+  // `mx_scale` is an MX block's scale rule (rceil or floor).
   m.def("_encode_frames", [](const std::vector<at::Tensor>& rows, int64_t count, double scale, const std::string& wire,
-                             bool aten) {
+                             bool aten, const std::string& mx_scale) {
     const cnccl::compress::Wire w = framed_wire(wire);
     at::Tensor frames = at::empty({int64_t(rows.size()), cnccl::frames::frame_bytes(count, w)},
                                   rows.empty() ? at::TensorOptions(at::kByte) : rows[0].options().dtype(at::kByte));
-    cnccl::frames::encode(rows, count, scale, w, frames, aten ? cnccl::frames::Impl::kAten : cnccl::frames::Impl::kForDevice);
+    cnccl::frames::encode(rows, count, scale, w, cnccl::parse_mx_scale(mx_scale, "mx_scale"), frames,
+                          aten ? cnccl::frames::Impl::kAten : cnccl::frames::Impl::kForDevice);
     return frames;
-  }, py::arg("rows"), py::arg("count"), py::arg("scale"), py::arg("wire"), py::arg("aten") = false);
+  }, py::arg("rows"), py::arg("count"), py::arg("scale"), py::arg("wire"), py::arg("aten") = false,
+     py::arg("mx_scale") = "rceil");
   m.def("_decode_frames", [](const at::Tensor& frames, int64_t count, const std::string& wire, bool aten) {
     const cnccl::compress::Wire w = framed_wire(wire);
     at::Tensor out = at::empty({frames.size(0) * count}, frames.options().dtype(at::kFloat));

@@ -202,7 +202,7 @@ Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Pla
   const int64_t n = t.numel(), part = (n + size_ - 1) / size_, frame = frames::frame_bytes(part, p.wire);
   at::Tensor sent = at::empty({size_, frame}, t.options().dtype(at::kByte));
   device_->run([t, p, sent, part, size = size_] {
-    frames::encode(frames::parts_of(flat(t), size, part), part, p.pre_scale, p.wire, sent);
+    frames::encode(frames::parts_of(flat(t), size, part), part, p.pre_scale, p.wire, p.mx_scale, sent);
   });
   at::Tensor rows = at::empty_like(sent);
   EngineCall to_owners_call = called(to_owners(sent, rows, timing));
@@ -212,7 +212,7 @@ Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Pla
   const at::Tensor sums = at::empty({part}, t.options().dtype(at::kFloat));
   device_->run([rows, mine, sums, p, part] {
     const compress::CensusSamplesPaused not_a_contribution;
-    frames::encode({frames::sum(rows.unbind(0), part, p.wire, sums)}, part, 1.0, p.wire, mine);
+    frames::encode({frames::sum(rows.unbind(0), part, p.wire, sums)}, part, 1.0, p.wire, p.mx_scale, mine);
   });
   at::Tensor gathered = at::empty_like(sent);
   at::Tensor gathered_flat = gathered.view({-1}), mine_flat = mine.view({-1});
@@ -230,7 +230,7 @@ Composition::Issued Composition::reduce_scatter_fp32_sums(const std::vector<at::
   at::Tensor sent;
   if (p.framed) {
     sent = at::empty({size_, frames::frame_bytes(each, p.wire)}, output.options().dtype(at::kByte));
-    device_->run([parts, each, p, sent] { frames::encode(parts, each, p.pre_scale, p.wire, sent); });
+    device_->run([parts, each, p, sent] { frames::encode(parts, each, p.pre_scale, p.wire, p.mx_scale, sent); });
   } else {
     sent = stage(output, p, each * size_).view({size_, each});
     const compress::Dither contributions = dithers(p, each).first;

@@ -34,7 +34,7 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
   // This rank's frame of every part, every owner's frame of its sum, then this owner's fp32 sum.
   step.workspace_bytes = size_t(2 * all + count * int64_t(sizeof(float)));
   step.pre = [=](const Buffers& b) {
-    frames::encode(frames::parts_of(tensor.reshape({-1}), size, count), count, plan.pre_scale, plan.wire,
+    frames::encode(frames::parts_of(tensor.reshape({-1}), size, count), count, plan.pre_scale, plan.wire, plan.mx_scale,
                    frames_at(b.workspace, size, frame));
   };
   step.algorithm = [=, this](const Buffers& b) {
@@ -44,7 +44,7 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
     const RankSum sum = [=](const char* const* inputs, char* dst, size_t, size_t) {
       frames::sum(received(inputs, size, frame), count, plan.wire, total);
       const compress::CensusSamplesPaused not_a_contribution;
-      frames::encode({total}, count, 1.0, plan.wire, frames_at(dst, 1, frame));
+      frames::encode({total}, count, 1.0, plan.wire, plan.mx_scale, frames_at(dst, 1, frame));
     };
     reduce_scatter_alltoall(*comm_, b.workspace, parts, 1, timed_reducer(sum), owners + rank * frame);
     allgather_ring(*comm_, owners, parts, 1, tags::kSecondPhase);
@@ -64,7 +64,7 @@ HostPath::Step HostPath::framed_reduce_scatter_step(const std::vector<at::Tensor
   // Every part's frame, then this rank's fp32 sums.
   step.workspace_bytes = size_t(all + each * int64_t(sizeof(float)));
   step.pre = [=](const Buffers& b) {
-    frames::encode(inputs, each, plan.pre_scale, plan.wire, frames_at(b.workspace, size, frame));
+    frames::encode(inputs, each, plan.pre_scale, plan.wire, plan.mx_scale, frames_at(b.workspace, size, frame));
   };
   step.algorithm = [=, this](const Buffers& b) {
     const RankSum sum = [=](const char* const* in, char* dst, size_t, size_t) {

@@ -68,30 +68,33 @@ TEST(Frames, KernelsAndAtenGiveTheSameBits) {
     for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
       for (double scale : {1.0, 1.0 / 3, -2.5e-3}) {
         for (int64_t count : {1, 7, 33, 1000}) {
-          const std::string what = std::string(compress::wire_name(w)) + " " + c10::toString(dtype) +
-                                   " scale " + std::to_string(scale) + " count " + std::to_string(count);
-          const auto rows = rows_of(dtype, count);
-          const int64_t n = int64_t(rows.size());
-          at::Tensor kernels = at::empty({n, frame_bytes(count, w)}, at::kByte);
-          at::Tensor aten = at::empty_like(kernels);
-          encode(rows, count, scale, w, kernels);
-          encode(rows, count, scale, w, aten, Impl::kAten);
-          expect_same_frames(kernels, aten, count, w, "encode " + what);
+          for (compress::MxScale rule : {compress::MxScale::kRceil, compress::MxScale::kFloor}) {
+            const std::string what = std::string(compress::wire_name(w)) + " " + c10::toString(dtype) +
+                                     " scale " + std::to_string(scale) + " count " + std::to_string(count) + " " +
+                                     compress::mx_scale_name(rule);
+            const auto rows = rows_of(dtype, count);
+            const int64_t n = int64_t(rows.size());
+            at::Tensor kernels = at::empty({n, frame_bytes(count, w)}, at::kByte);
+            at::Tensor aten = at::empty_like(kernels);
+            encode(rows, count, scale, w, rule, kernels);
+            encode(rows, count, scale, w, rule, aten, Impl::kAten);
+            expect_same_frames(kernels, aten, count, w, "encode " + what);
 
-          const auto frames = kernels.unbind(0);
-          expect_same_bits(sum(frames, count, w, at::empty({count})), sum(frames, count, w, at::empty({count}), Impl::kAten),
-                           "sum " + what);
+            const auto frames = kernels.unbind(0);
+            expect_same_bits(sum(frames, count, w, at::empty({count})),
+                             sum(frames, count, w, at::empty({count}), Impl::kAten), "sum " + what);
 
-          for (at::ScalarType out : {at::kFloat, at::kDouble}) {
-            at::Tensor a = at::empty({n * count - 2}, out), b = at::empty({n * count - 2}, out);
-            restore(kernels, count, w, 3.0, a);
-            restore(kernels, count, w, 3.0, b, Impl::kAten);
-            expect_same_bits(a, b, "restore " + what);
-            at::Tensor strided = at::empty({2, n * count}, out).select(1, 0);  // a column: not contiguous
-            at::Tensor c = at::empty({2}, out);
-            restore(kernels, count, w, 1.0, strided);
-            restore(kernels, count, w, 1.0, c, Impl::kAten);
-            expect_same_bits(strided, c, "strided restore " + what);
+            for (at::ScalarType out : {at::kFloat, at::kDouble}) {
+              at::Tensor a = at::empty({n * count - 2}, out), b = at::empty({n * count - 2}, out);
+              restore(kernels, count, w, 3.0, a);
+              restore(kernels, count, w, 3.0, b, Impl::kAten);
+              expect_same_bits(a, b, "restore " + what);
+              at::Tensor strided = at::empty({2, n * count}, out).select(1, 0);  // a column: not contiguous
+              at::Tensor c = at::empty({2}, out);
+              restore(kernels, count, w, 1.0, strided);
+              restore(kernels, count, w, 1.0, c, Impl::kAten);
+              expect_same_bits(strided, c, "strided restore " + what);
+            }
           }
         }
       }
@@ -104,7 +107,7 @@ TEST(Frames, KernelsAndAtenGiveTheSameBits) {
 TEST(Frames, ThePowerOfTwoIsExactWhereNothingOverflowsOrUnderflows) {
   const at::Tensor x = at::rand({4096}) * 100 + 1;  // [1, 101]: normal in fp16 scaled or not
   at::Tensor frames = at::empty({1, frame_bytes(4096, Wire::kFp16)}, at::kByte);
-  encode({x}, 4096, 1.0, Wire::kFp16, frames);
+  encode({x}, 4096, 1.0, Wire::kFp16, compress::MxScale::kRceil, frames);
   at::Tensor back = at::empty({4096});
   restore(frames, 4096, Wire::kFp16, 1.0, back);
   EXPECT_TRUE(at::equal(back, x.to(at::kHalf).to(at::kFloat)));
@@ -121,7 +124,7 @@ TEST(Frames, AnExponentOutOfRangeNamesItsRankOrDecodesAsNaN) {
   std::vector<at::Tensor> rows{at::randn({count}), at::randn({count}), at::randn({count})};
   for (int32_t bad : {std::numeric_limits<int32_t>::min(), -127, 127, std::numeric_limits<int32_t>::max()}) {
     at::Tensor frames = at::empty({3, frame_bytes(count, Wire::kE4m3)}, at::kByte);
-    encode(rows, count, 1.0, Wire::kE4m3, frames);
+    encode(rows, count, 1.0, Wire::kE4m3, compress::MxScale::kRceil, frames);
     std::memcpy(frames[1].mutable_data_ptr<uint8_t>(), &bad, sizeof bad);
     const std::string k = std::to_string(bad);
     // The rows before the bad one are not written either: the caller's tensor stays as it was.

@@ -307,9 +307,11 @@ def mx_blocks_on_the_gpu_equal_the_cpu_kernels(ctx):
         x[7] = float("inf")
         host = x.cpu()
         rows = [host[:half], host[half:]]
-        on_cpu = _C._encode_frames(rows, half, 0.5, wire)
-        on_gpu = _C._encode_frames([r.to(ctx.device) for r in rows], half, 0.5, wire)
-        assert torch.equal(on_gpu.cpu(), on_cpu), f"{wire}: {int((on_gpu.cpu() != on_cpu).sum())} bytes differ"
+        for rule in ("floor", "rceil"):  # rceil last: the default, which the collectives below use
+            on_cpu = _C._encode_frames(rows, half, 0.5, wire, False, rule)
+            on_gpu = _C._encode_frames([r.to(ctx.device) for r in rows], half, 0.5, wire, False, rule)
+            assert torch.equal(on_gpu.cpu(), on_cpu), \
+                f"{wire} {rule}: {int((on_gpu.cpu() != on_cpu).sum())} bytes differ"
         same(_C._decode_frames(on_gpu, half, wire).cpu(), _C._decode_frames(on_cpu, half, wire), f"decode {wire}")
 
         g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype=wire, min_bytes=0, accumulate="fp32"))

@@ -1,11 +1,13 @@
 """MX wires (mxfp8, mxfp8_e5m2, mxfp4; docs/design.md, "MX blocks") against an independent oracle,
-torchao's `to_mx` with FLOOR scaling (OCP MX v1.0's rule), bit for bit.
+torchao's `to_mx`, bit for bit, under both block scale rules: RCEIL (the default: NVIDIA's hardware rule,
+torchao's ScaleCalculationMode.RCEIL) and FLOOR (OCP MX v1.0's rule).
 
 - The encoding, on the CPU kernels and on ATen's form (what CUDA tensors take): every scale code and
   element byte equals torchao's over random, outlier-heavy, element-subnormal, all-zero, tie and
   saturating blocks, short last blocks and odd MXFP4 counts. Where the definitions part (a block that
-  is not finite; a block whose scale is the smallest, 2^-127, which torchao divides by 2^-126) the
-  test holds cnccl to its own rule, computed here with torch's conversions.
+  is not finite; a block whose scale is the smallest, 2^-127, which torchao's FLOOR divides by 2^-126
+  and its RCEIL by 1; RCEIL blocks whose amax / L lies a few ulps above a power of two, where torchao's
+  fp32 log2 rounds onto the power) the test holds cnccl to its own rule, computed here exactly.
 - The collectives, at 2, 3 and 4 ranks on every CPU engine: allreduce and reduce_scatter equal an
   emulation built on torchao (wire_formats.framed_*): each part's blocks decoded, summed in fp32 in rank
   order, and (allreduce) encoded again. Values spread over eight decades make the fp32 sums depend
@@ -25,7 +27,8 @@ import torch.distributed as dist
 import cnccl
 from cnccl import _C
 from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, check_case, engine_of, everyones, gloo_group, share, shared_job
-from wire_formats import E2M1_VALUES, MX_BLOCK, MX_ELEMENT, framed_allreduce, framed_owner_sum, torchao_mx
+from wire_formats import (E2M1_VALUES, MX_BLOCK, MX_ELEMENT, framed_allreduce, framed_owner_sum, rceil_codes,
+                          torchao_mx)
 
 R = dist.ReduceOp
 WIRES = list(MX_ELEMENT)
@@ -40,10 +43,13 @@ def require_torchao():
         pytest.skip("torchao is not installed (.ci/setup-deps.sh installs it)")
 
 
-def encode(v, wire, aten=False, count=None):
+RULES = ["rceil", "floor"]
+
+
+def encode(v, wire, aten=False, count=None, rule="rceil"):
     """cnccl's frame of the values v (one row of `count` elements): (scale codes, element bytes)."""
     count = v.numel() if count is None else count
-    frame = _C._encode_frames([v], count, 1.0, wire, aten)[0]
+    frame = _C._encode_frames([v], count, 1.0, wire, aten, rule)[0]
     blocks = -(-count // MX_BLOCK)
     element_bytes = -(-count // 2) if wire == "mxfp4" else count
     return frame[:blocks], frame[blocks:blocks + element_bytes], frame[blocks + element_bytes:]
@@ -77,15 +83,16 @@ def blocks_of_every_kind(wire):
     return kinds
 
 
-def test_the_encoding_equals_torchaos_bit_for_bit():
+@pytest.mark.parametrize("rule", RULES)
+def test_the_encoding_equals_torchaos_bit_for_bit(rule):
     require_torchao()
     for wire in WIRES:
         for kind, blocks in blocks_of_every_kind(wire).items():
             v = blocks.reshape(-1).contiguous()
-            want_scales, want_elements = torchao_mx(v, wire)
+            want_scales, want_elements = torchao_mx(v, wire, rule)
             for aten in (False, True):
-                scales, elements, padding = encode(v, wire, aten)
-                form = "ATen" if aten else "kernels"
+                scales, elements, padding = encode(v, wire, aten, rule=rule)
+                form = f"{rule}, ATen" if aten else f"{rule}, kernels"
                 assert torch.equal(scales, want_scales), f"{wire} {kind} ({form}): scales {scales} != {want_scales}"
                 differ = (elements != want_elements).nonzero()
                 assert differ.numel() == 0, f"{wire} {kind} ({form}): {differ.numel()} element bytes differ, " \
@@ -99,10 +106,10 @@ def test_a_short_last_block_and_an_odd_mxfp4_count_are_padded_with_zeros():
     require_torchao()
     v = torch.randn(45, generator=torch.Generator().manual_seed(9))
     padded = torch.cat([v, torch.zeros(64 - 45)])
-    for wire in WIRES:
-        want_scales, want_elements = torchao_mx(padded, wire)
+    for wire, rule in ((w, r) for w in WIRES for r in RULES):
+        want_scales, want_elements = torchao_mx(padded, wire, rule)
         for aten in (False, True):
-            scales, elements, _ = encode(v, wire, aten)
+            scales, elements, _ = encode(v, wire, aten, rule=rule)
             assert torch.equal(scales, want_scales), wire
             assert torch.equal(elements, want_elements[:elements.numel()]), wire
             if wire == "mxfp4":
@@ -142,30 +149,30 @@ def test_a_block_that_is_not_finite_has_the_nan_scale():
     v[33], v[70] = float("inf"), float("nan")
     finite = v.clone()
     finite[32:] = 0
-    for wire in WIRES:
-        want_scales, want_elements = torchao_mx(finite, wire)
+    for wire, rule in ((w, r) for w in WIRES for r in RULES):
+        want_scales, want_elements = torchao_mx(finite, wire, rule)
         for aten in (False, True):
-            scales, elements, _ = encode(v, wire, aten)
+            scales, elements, _ = encode(v, wire, aten, rule=rule)
             assert scales.tolist()[1:] == [255, 255] and scales[0] == want_scales[0], f"{wire}: {scales}"
             first = MX_BLOCK // 2 if wire == "mxfp4" else MX_BLOCK
             assert torch.equal(elements[:first], want_elements[:first]) and not elements[first:].any(), wire
-            decoded = _C._decode_frames(_C._encode_frames([v], 96, 1.0, wire, aten), 96, wire)[0]
+            decoded = _C._decode_frames(_C._encode_frames([v], 96, 1.0, wire, aten, rule), 96, wire)[0]
             assert decoded[32:].isnan().all() and decoded[:32].isfinite().all(), wire
 
 
 def test_the_smallest_scale_divides_by_two_to_the_minus_127():
-    """A block whose amax is below 2^(emax - 126) gets the scale code 0, 2^-127, and its elements are
-    its values times 2^127 (OCP MX v1.0). torchao's to_mx divides such a block by 2^-126 instead (its
-    comment: "it would be more correct to set the minimum to 2**-127"), so this case is held to the
-    rule computed with torch's own conversion."""
+    """A block whose amax is below 2^(emax - 126) gets the scale code 0, 2^-127, under both rules, and its
+    elements are its values times 2^127 (OCP MX v1.0). torchao's to_mx divides such a block by 2^-126
+    instead under FLOOR (its comment: "it would be more correct to set the minimum to 2**-127") and by 1
+    under RCEIL, so this case is held to the rule computed with torch's own conversion."""
     require_torchao()
     gen = torch.Generator().manual_seed(6)
-    for wire in WIRES:
+    for wire, rule in ((w, r) for w in WIRES for r in RULES):
         v = torch.randn(64, generator=gen) * 2.0 ** (EMAX[wire] - 130)
         v[:32] *= 1e-3
         for aten in (False, True):
-            scales, elements, _ = encode(v, wire, aten)
-            assert scales.tolist() == [0, 0], f"{wire}: {scales}"
+            scales, elements, _ = encode(v, wire, aten, rule=rule)
+            assert scales.tolist() == [0, 0], f"{wire} {rule}: {scales}"
             q = (v.double() * 2.0**127).float().clamp(-LARGEST[wire], LARGEST[wire])
             if wire == "mxfp4":
                 from torchao.prototype.mx_formats.kernels import f32_to_f4_unpacked, pack_uint4
@@ -174,6 +181,43 @@ def test_the_smallest_scale_divides_by_two_to_the_minus_127():
             else:
                 want = q.to(MX_ELEMENT[wire]).view(torch.uint8)
             assert torch.equal(elements, want), f"{wire} aten={aten}"
+
+
+def test_rceil_takes_the_smallest_scale_that_saturates_nothing():
+    """RCEIL's X is the smallest with amax <= L * 2^X: blocks whose amax is L * 2^k exactly (X = k), one
+    ulp below (k) and one or a few ulps above (k + 1), for k from the bottom of the range to the top, on
+    the kernels and on ATen's form; each element is then v * 2^-X rounded by torch's own conversion,
+    which never passes L. torchao's RCEIL takes k for the few-ulps-above blocks (its fp32 log2 of the
+    quotient rounds onto k) and saturates their largest value: cnccl follows the exact rule, as NVIDIA's
+    cvt.rp.satfinite.ue8m0x2 does. The codes are computed here independently (wire_formats.rceil_codes)."""
+    require_torchao()
+    from torchao.prototype.mx_formats.kernels import f32_to_f4_unpacked, pack_uint4
+
+    gen = torch.Generator().manual_seed(14)
+    for wire in WIRES:
+        largest = LARGEST[wire]
+        tops = []
+        for k in (-126, -120, -9, -4, 0, 3, 4, 17, 100, 119 - EMAX[wire]):
+            edge = largest * 2.0**k
+            tops += [edge, edge * (1 - 2.0**-24), edge * (1 + 2.0**-23), edge * (1 + 2.0**-20)]
+        blocks = torch.rand(len(tops), 32, generator=gen) * 2 - 1
+        blocks[:, 0] = torch.tensor(tops)  # the amax, at 0; the rest below it
+        blocks[:, 1:] *= blocks[:, :1]
+        v = blocks.reshape(-1).contiguous()
+        want_codes = rceil_codes(blocks.abs().amax(1), wire)
+        assert (want_codes.view(-1, 4)[:, 2] == want_codes.view(-1, 4)[:, 0] + 1).all(), want_codes
+        q = (blocks.double() * torch.pow(2.0, 127 - want_codes.double())[:, None]).float().reshape(-1)
+        assert q.abs().max() <= largest
+        if wire == "mxfp4":
+            want_elements = pack_uint4(f32_to_f4_unpacked(q))
+        else:
+            want_elements = q.to(MX_ELEMENT[wire]).view(torch.uint8)
+        for aten in (False, True):
+            scales, elements, _ = encode(v, wire, aten, rule="rceil")
+            assert torch.equal(scales, want_codes), f"{wire} aten={aten}: {scales} != {want_codes}"
+            assert torch.equal(elements, want_elements), f"{wire} aten={aten}"
+            floor_scales, _, _ = encode(v, wire, aten, rule="floor")
+            assert (floor_scales <= scales).all() and (floor_scales < scales).any(), wire
 
 
 def test_a_thread_that_flushes_subnormals_gets_the_same_bits():
@@ -209,6 +253,16 @@ def test_mx_wires_need_fp32_sums_and_say_so():
         assert cnccl.Options(wire_dtype=wire, accumulate="fp32") is not None
 
 
+def test_a_bad_mx_scale_names_the_setting_and_the_rules(monkeypatch):
+    with pytest.raises(ValueError, match=r"Options.mx_scale='ceil' is not valid; allowed: rceil, floor"):
+        cnccl.Options(wire_dtype="mxfp8", accumulate="fp32", mx_scale="ceil")
+    monkeypatch.setenv("CNCCL_MX_SCALE", "round")
+    with pytest.raises(ValueError, match=r"CNCCL_MX_SCALE='round' is not valid; allowed: rceil, floor"):
+        cnccl.Options(wire_dtype="mxfp8", accumulate="fp32")
+    monkeypatch.setenv("CNCCL_MX_SCALE", "FLOOR")
+    assert cnccl.Options(wire_dtype="mxfp8", accumulate="fp32", mx_scale="rceil") is not None
+
+
 # --- The collectives.
 
 case = Cases()
@@ -222,8 +276,10 @@ class Context:
         self.rank, self.world = rank, world
         self.engine = engine_of()
         self.gloo = gloo_group()
-        self.groups = {w: dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(
-            wire_dtype=w, min_bytes=0, accumulate="fp32")) for w in WIRES}
+        # Every wire with the default rule, RCEIL, and MXFP8 with FLOOR too.
+        self.groups = {(w, rule): dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(
+            wire_dtype=w, min_bytes=0, accumulate="fp32", **({"mx_scale": rule} if rule == "floor" else {})))
+            for w, rule in [(w, "rceil") for w in WIRES] + [("mxfp8", "floor")]}
         self.gen = torch.Generator().manual_seed(29 + rank)
 
     def all_inputs(self, t):
@@ -243,25 +299,25 @@ def first_difference(got, want):
 
 @case
 def allreduce_equals_the_torchao_emulation(ctx):
-    for wire, g in ctx.groups.items():
-        assert cnccl.config(g)["wire_dtype"] == wire
+    for (wire, rule), g in ctx.groups.items():
+        assert cnccl.config(g)["wire_dtype"] == wire and cnccl.config(g)["mx_scale"] == rule
         for op in (R.SUM, R.AVG):
             for n in SIZES:
                 x = ctx.spread(n)
-                want = framed_allreduce(ctx.all_inputs(x), wire, 1.0 / ctx.world if op == R.AVG else 1.0)
+                want = framed_allreduce(ctx.all_inputs(x), wire, 1.0 / ctx.world if op == R.AVG else 1.0, rule)
                 t = x.clone()
                 dist.all_reduce(t, op=op, group=g)
                 problem = first_difference(t, want)
-                assert problem is None, f"{wire} {op} n={n}: {problem}"
+                assert problem is None, f"{wire} {rule} {op} n={n}: {problem}"
 
 
 @case
 def reduce_scatter_equals_the_torchao_emulation(ctx):
-    for wire, g in ctx.groups.items():
+    for (wire, rule), g in ctx.groups.items():
         for n in SIZES[1:]:
             x = ctx.spread(n * ctx.world)
             parts = [v.chunk(ctx.world)[ctx.rank] for v in ctx.all_inputs(x)]
-            want = framed_owner_sum(parts, wire, 1.0)
+            want = framed_owner_sum(parts, wire, 1.0, rule)
             out = torch.empty(n)
             dist.reduce_scatter_tensor(out, x, group=g)
             assert first_difference(out, want) is None, f"{wire} n={n}: {first_difference(out, want)}"
@@ -281,18 +337,18 @@ def non_finite_inputs_come_back_non_finite(ctx):
     if ctx.rank == ctx.world - 1:
         x[n - 2] = float("nan")
     inputs = ctx.all_inputs(x)
-    for wire, g in ctx.groups.items():
+    for (wire, rule), g in ctx.groups.items():
         t = x.clone()
         dist.all_reduce(t, group=g)
         assert not t[[3, n - 2]].isfinite().any(), f"{wire}: {t[[3, n - 2]].tolist()}"
-        want = framed_allreduce(inputs, wire, 1.0)
+        want = framed_allreduce(inputs, wire, 1.0, rule)
         assert first_difference(t, want) is None, f"{wire}: {first_difference(t, want)}"
 
 
 @case
 def the_wire_carries_a_byte_and_a_32nd_or_half_that(ctx):
     n = 1 << 20
-    for wire, g in ctx.groups.items():
+    for (wire, _), g in ctx.groups.items():
         per_element = (0.5 if wire == "mxfp4" else 1.0) + 1 / MX_BLOCK
         before = cnccl.stats(g)
         dist.all_reduce(torch.ones(n), group=g)

@@ -164,6 +164,17 @@ def disagreeing_wire_settings(ctx):
 
 
 @case(min_world=2)
+def disagreeing_mx_scale_rules(ctx):
+    # Rank 1 scales its MX blocks by FLOOR: the same bytes in number, other blocks.
+    g = ctx.group(wire_dtype="mxfp8", accumulate="fp32", mx_scale="floor" if ctx.rank == 1 else "rceil",
+                  min_bytes=0)
+    t = torch.ones(1 << 16)
+    expect_failure(lambda: dist.all_reduce(t, group=g), "ranks disagree", "rceil scales", "floor scales")
+    assert torch.equal(t, torch.ones(1 << 16))
+    dist.destroy_process_group(g)
+
+
+@case(min_world=2)
 def rank_that_never_arrives_times_out_naming_the_collective(ctx):
     """Rank 0 alone calls the collective: it fails after the group's timeout (not before), naming
     the collective, the group and a peer it waited on, and leaves its tensor as it was."""

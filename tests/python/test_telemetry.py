@@ -37,6 +37,7 @@ class Context:
         self.off = group(wire_dtype="fp16", telemetry="off")
         self.error = {w: group(wire_dtype=w, telemetry="error", **({"accumulate": "fp32"} if w.startswith("mx") else {}))
                       for w in ("fp16", "bf16", "mxfp8", "mxfp4")}
+        self.floor = {w: group(wire_dtype=w, accumulate="fp32", mx_scale="floor") for w in ("mxfp8", "mxfp4")}
         self.unused = dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(telemetry="error"))
         self.gen = torch.Generator().manual_seed(41 + rank)
 
@@ -82,7 +83,7 @@ def telemetry_off_counts_nothing(ctx):
 
 def mx_saturated(x, wire):
     """Values of x (whole blocks of 32) whose magnitude times 2^-X passes the element type's largest,
-    X = floor(log2(amax)) - emax for each block's amax."""
+    X = floor(log2(amax)) - emax for each block's amax (the FLOOR rule; RCEIL saturates nothing)."""
     blocks = x.view(-1, 32)
     amax = blocks.abs().amax(1)
     x_exp = torch.floor(torch.log2(amax)) - MX_EMAX[wire]
@@ -92,19 +93,22 @@ def mx_saturated(x, wire):
 @case
 def an_mx_cast_counts_its_saturated_elements(ctx):
     """A reduce_scatter's casts are this rank's contribution alone: its parts' blocks (each part a
-    multiple of 32 elements)."""
+    multiple of 32 elements). With FLOOR scales about one block in five saturates its largest values;
+    RCEIL (the default) chooses the scale that saturates none."""
     each = 32 * 64
     x = torch.randn(each * ctx.world, generator=ctx.gen) * torch.pow(
         10.0, torch.empty(each * ctx.world).uniform_(-3, 3, generator=ctx.gen))
     if ctx.rank == 0:
         x[5] = float("inf")
     for wire in ("mxfp8", "mxfp4"):
-        g = ctx.error[wire]
-        counts = counted(g, lambda: dist.reduce_scatter_tensor(torch.empty(each), x, group=g))
         # The block with the inf has the NaN scale and no elements to saturate.
         finite = x[32:] if ctx.rank == 0 else x
-        want = (1 if ctx.rank == 0 else 0, mx_saturated(finite, wire))
-        assert counts == want, f"{wire}: {counts} != {want}"
+        nonfinite = 1 if ctx.rank == 0 else 0
+        for rule, g, saturated in (("floor", ctx.floor[wire], mx_saturated(finite, wire)),
+                                   ("rceil", ctx.error[wire], 0)):
+            counts = counted(g, lambda: dist.reduce_scatter_tensor(torch.empty(each), x, group=g))
+            assert counts == (nonfinite, saturated), f"{wire} {rule}: {counts} != {(nonfinite, saturated)}"
+        assert mx_saturated(finite, wire) > 0, "the data must saturate under FLOOR for the check to mean anything"
 
 
 def relative_error(got, want):

@@ -34,32 +34,33 @@ def to_frame_wire(v, wire):
     return v.to(FRAME_DTYPE[wire])
 
 
-def framed(x, wire, pre=1.0):
+def framed(x, wire, pre=1.0, mx_scale="rceil"):
     """x (fp32) times `pre` through a frame: the values the receiver decodes. The sender's scale is
     fp32(pre) * 2^k, exact, applied in one fp32 multiplication; decoding multiplies by 2^-k. MX wires
-    take their blocks instead (mx_framed)."""
+    take their blocks instead (mx_framed, scaled by the rule `mx_scale`)."""
     if wire in MX_ELEMENT:
-        return mx_framed(x, wire, pre)
+        return mx_framed(x, wire, pre, mx_scale)
     pre32 = torch.tensor(pre, dtype=torch.float32).item()
     k = frame_exponent(x * pre32, wire)
     return to_frame_wire(x * (pre32 * 2.0**k), wire).float() * 2.0**-k
 
 
-def framed_owner_sum(parts, wire, pre):
+def framed_owner_sum(parts, wire, pre, mx_scale="rceil"):
     """Every rank's part (rank order) framed (or through MX blocks) and decoded, added in fp32 in rank
     order."""
     acc = None
     for x in parts:
-        decoded = framed(x.float(), wire, pre)
+        decoded = framed(x.float(), wire, pre, mx_scale)
         acc = decoded if acc is None else acc + decoded
     return acc
 
 
-def framed_allreduce(inputs, wire, pre):
+def framed_allreduce(inputs, wire, pre, mx_scale="rceil"):
     """Parts of ceil(n / ranks) elements (the last short or empty), each owner's sum framed again."""
     n, world = inputs[0].numel(), len(inputs)
     c = -(-n // world)
-    return torch.cat([framed(framed_owner_sum([x[p * c:(p + 1) * c] for x in inputs], wire, pre), wire)
+    return torch.cat([framed(framed_owner_sum([x[p * c:(p + 1) * c] for x in inputs], wire, pre, mx_scale), wire,
+                             mx_scale=mx_scale)
                       for p in range(world)])
 
 
@@ -129,13 +130,65 @@ MX_BLOCK = 32
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
-def torchao_mx(v, wire):
-    """torchao's MX encoding (to_mx, FLOOR scaling) of fp32 values v, a multiple of 32 of them: the
-    blocks' E8M0 scale codes and the element bytes (MXFP4: two a byte, the first in the low nibble)."""
+def torchao_mx(v, wire, mx_scale="rceil"):
+    """torchao's MX encoding (to_mx with RCEIL or FLOOR scaling) of fp32 values v, a multiple of 32 of
+    them: the blocks' E8M0 scale codes and the element bytes (MXFP4: two a byte, the first in the low
+    nibble). torchao computes RCEIL's exponent as ceil(log2(amax / L)) with an fp32 log2, which can round
+    a quotient a few ulps above a power of two down onto it (cnccl's exact rule then takes one more);
+    where that happens this raises instead of returning codes the test would take as the oracle's."""
     from torchao.prototype.mx_formats.mx_tensor import ScaleCalculationMode, to_mx
 
-    scale, data = to_mx(v.reshape(1, -1).contiguous(), MX_ELEMENT[wire], MX_BLOCK, ScaleCalculationMode.FLOOR)
-    return scale.view(torch.uint8).reshape(-1), data.view(torch.uint8).reshape(-1)
+    mode = {"rceil": ScaleCalculationMode.RCEIL, "floor": ScaleCalculationMode.FLOOR}[mx_scale]
+    scale, data = to_mx(v.reshape(1, -1).contiguous(), MX_ELEMENT[wire], MX_BLOCK, mode)
+    codes = scale.view(torch.uint8).reshape(-1)
+    if mx_scale == "rceil":
+        amax = v.reshape(-1, MX_BLOCK).abs().amax(1)
+        finite = amax.isfinite() & (codes > 0)
+        exact = rceil_codes(amax, wire)
+        assert torch.equal(codes[finite], exact[finite]), \
+            f"torchao's RCEIL departs from the exact rule at blocks {(codes != exact).nonzero().reshape(-1).tolist()}"
+        # A block with the smallest scale, 2^-127: torchao's RCEIL multiplies its values by 1, not 2^127.
+        assert not ((codes == 0) & (amax > 0)).any(), "a block with the smallest scale: torchao is no oracle there"
+    return codes, data.view(torch.uint8).reshape(-1)
+
+
+MX_LARGEST = {"mxfp8": 448.0, "mxfp8_e5m2": 57344.0, "mxfp4": 6.0}
+
+
+def mx_blocks(v, wire, mx_scale="rceil"):
+    """The MX encoding of fp32 values v (a multiple of 32) for the collectives' emulation: torchao's own
+    for FLOOR. For RCEIL, the exact exponent X (rceil_codes) and each element v * 2^-X (exact in fp64)
+    rounded by torch's own fp8 conversion or torchao's e2m1 one. torchao's RCEIL is no oracle for sums:
+    an owner's fp32 sum of few-bit values often lands a few ulps above L * 2^k, where torchao's fp32
+    log2 takes k (test_mx.py compares its RCEIL directly on other data)."""
+    if mx_scale == "floor":
+        return torchao_mx(v, wire, "floor")
+    blocks = v.reshape(-1, MX_BLOCK)
+    amax = blocks.abs().amax(1)
+    finite = amax.isfinite()
+    codes = torch.full(amax.shape, 255, dtype=torch.uint8)
+    codes[finite] = rceil_codes(amax[finite], wire)
+    q = (blocks.double() * torch.pow(2.0, 127 - codes.double())[:, None]).float()
+    q = q.masked_fill(~finite[:, None], 0).reshape(-1)
+    if wire == "mxfp4":
+        from torchao.prototype.mx_formats.kernels import f32_to_f4_unpacked, pack_uint4
+
+        return codes, pack_uint4(f32_to_f4_unpacked(q))
+    return codes, q.to(MX_ELEMENT[wire]).view(torch.uint8)
+
+
+def rceil_codes(amax, wire):
+    """RCEIL's scale codes of blocks with these finite amaxes, exactly: X + 127 for the smallest X in
+    [-127, 127] with amax <= L * 2^X (every product in fp64 is exact)."""
+    largest, out = MX_LARGEST[wire], []
+    for a in amax.double().tolist():
+        x = max(-127, math.frexp(a / largest)[1] - 1) if a > 0 else -127
+        while a > largest * 2.0**x:
+            x += 1
+        while x > -127 and a <= largest * 2.0 ** (x - 1):
+            x -= 1
+        out.append(min(x, 127) + 127)
+    return torch.tensor(out, dtype=torch.uint8)
 
 
 def mx_decode(codes, elements, wire, n):
@@ -152,7 +205,7 @@ def mx_decode(codes, elements, wire, n):
     return (padded.view(-1, MX_BLOCK) * scales[:, None]).reshape(-1)[:n]
 
 
-def mx_framed(x, wire, pre=1.0):
+def mx_framed(x, wire, pre=1.0, mx_scale="rceil"):
     """x (fp32) times fp32(pre) through MX blocks, as the owner decodes them: blocks of 32 (the last one
     padded with zeros) encoded by torchao, except that a block holding a value that is not finite is
     NaN (cnccl's rule; torchao keeps such a block's finite values as zeros and its inf as inf)."""
@@ -163,7 +216,7 @@ def mx_framed(x, wire, pre=1.0):
     padded[:n] = v
     if not n:
         return v
-    codes, elements = torchao_mx(padded, wire)
+    codes, elements = mx_blocks(padded, wire, mx_scale)
     decoded = mx_decode(codes, elements, wire, padded.numel()).view(-1, MX_BLOCK)
     nonfinite = ~padded.view(-1, MX_BLOCK).isfinite().all(1)
     return decoded.masked_fill(nonfinite[:, None], float("nan")).reshape(-1)[:n]
