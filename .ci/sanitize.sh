@@ -31,7 +31,7 @@ run_config() {  # name sanitizers targets...
 if [[ $which == asan || $which == all ]]; then
   CNCCL_TEST_REDUCED_SWEEPS=1 ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1" \
   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-    run_config asan address,undefined test_codec test_stochastic test_codec_frames test_frames test_policy \
+    run_config asan address,undefined test_codec test_stochastic test_codec_frames test_codec_mx test_frames test_policy \
       test_host_threads test_composition \
       test_host_ring test_host_direct test_host_rooted test_host_alltoall test_host_comm test_host_shm || status=1
 fi

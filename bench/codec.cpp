@@ -1,5 +1,8 @@
 // CPU codec throughput beside memcpy of the same fp32 buffer, measured interleaved in one run.
 // Ratios > 1 mean the kernel moves the same elements faster than a plain copy of the fp32 data.
+// Then every other wire's kernels (power-of-two frames in fp16, e4m3, e5m2; MX blocks) beside the fp16
+// cast, interleaved likewise: a frame's encode (amax, then the cast), its decode (the restore), and the
+// owner's fp32 sum of two ranks' frames, each as GB/s of the fp32 elements and as a ratio to the fp16 cast.
 // Usage: codec [MiB=64] [repeats=15]
 #include <algorithm>
 #include <chrono>
@@ -64,5 +67,62 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("goals: cast >= 1.2x memcpy, restore >= 1.0x memcpy (avx2+f16c rows)\n");
+
+  // Every wire beside the fp16 cast.
+  std::vector<uint8_t> frame(mx_bytes(n, Wire::kMxfp8) + n), frame2(frame.size());
+  std::vector<float> sums(n);
+  std::printf("\nevery wire's kernels beside the fp16 cast (GB/s of fp32 elements)\n");
+  std::printf("%-10s %-11s %-12s %9s %9s %12s\n", "path", "wire", "kernel", "GB/s", "fp16 cast", "vs fp16 cast");
+  bool met = true;
+  for (CpuPath path : {CpuPath::kScalar, CpuPath::kAvx2F16c}) {
+    if (!cpu_path_supported(path)) continue;
+    set_cpu_path(path);
+    for (Wire w : {Wire::kFp16, Wire::kE4m3, Wire::kE5m2, Wire::kMxfp8, Wire::kMxfp8E5m2, Wire::kMxfp4}) {
+      const bool mx = is_mx(w), wide = w == Wire::kFp16;
+      // Two ranks' encodings of the same values, for the owner's sum.
+      if (mx) {
+        mx_encode(src.data(), n, n, 0.5f, w, MxScale::kRceil, frame.data());
+        frame2 = frame;
+      } else if (!wide) {
+        cast(src.data(), frame.data(), n, 0x1p-3f, w);
+        frame2 = frame;
+      }
+      const void* frames[] = {wide ? static_cast<const void*>(other.data()) : frame.data(),
+                              wide ? static_cast<const void*>(wire.data()) : frame2.data()};
+      const uint8_t* blocks[] = {frame.data(), frame2.data()};
+      const float scales[] = {8.0f, 8.0f};
+      const std::pair<const char*, std::function<void()>> kernels[] = {
+          {"encode", [&] {
+             if (mx) return mx_encode(src.data(), n, n, 0.5f, w, MxScale::kRceil, frame.data());
+             const float k = 0x1p-3f * (amax(src.data(), n) > 0 ? 1.0f : 0.0f);
+             if (wide) return cast(src.data(), wire.data(), n, k, w);
+             cast(src.data(), frame.data(), n, k, w);
+           }},
+          {"decode", [&] {
+             if (mx) return mx_restore(frame.data(), n, dst.data(), n, 2.0f, w);
+             if (wide) return restore(wire.data(), dst.data(), n, 8.0f, w);
+             restore(frame.data(), dst.data(), n, 8.0f, w);
+           }},
+          {"owner sum 2", [&] {
+             if (mx) return mx_sum(blocks, 2, sums.data(), n, w);
+             scaled_sum(frames, scales, 2, sums.data(), n, w);
+           }},
+      };
+      for (const auto& [name, fn] : kernels) {
+        std::vector<double> tk, tf;
+        for (int r = 0; r < repeats; ++r) {
+          tf.push_back(seconds([&] { cast(src.data(), wire.data(), n, 0.5f, Wire::kFp16); }));
+          tk.push_back(seconds(fn));
+        }
+        const double bytes = double(n) * sizeof(float), ratio = median(tf) / median(tk);
+        const bool vector_row = path == CpuPath::kAvx2F16c;
+        met = met && (!vector_row || ratio >= 0.8);
+        std::printf("%-10s %-11s %-12s %9.2f %9.2f %11.2fx%s\n", cpu_path_name(path),
+                    wide ? "fp16 frame" : wire_name(w), name, bytes / median(tk) / 1e9, bytes / median(tf) / 1e9,
+                    ratio, vector_row && ratio < 0.8 ? "  (goal not met)" : "");
+      }
+    }
+  }
+  std::printf("goal: every avx2+f16c row >= 0.8x the fp16 cast: %s\n", met ? "met" : "not met");
   return 0;
 }

@@ -101,7 +101,7 @@ void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire
 // a reduce_scatter with fp32 accumulation writes it straight into its wide output.
 void sum(const uint16_t* const* in, size_t k, float* dst, size_t n, Wire wire);
 
-// Power-of-two frames on the CPU (backend/frames.h defines them; cpu_frames.cpp, scalar).
+// Power-of-two frames on the CPU (backend/frames.h defines them; cpu_frames.cpp, vector forms in cpu_avx2.cpp).
 // max |src[i]| over n elements, 0 for none; NaN if any element is NaN.
 float amax(const float* src, size_t n);
 double amax(const double* src, size_t n);

@@ -313,51 +313,345 @@ float amax_f32(const float* src, size_t n) {
 }
 
 // to_fp8 (cpu_frames.cpp) on 8 lanes: the normal and subnormal roundings both computed, then chosen.
+// e2m1 (mantissa 1 bit, bias 1) is the same kind of format: its codes_in_range() of a magnitude are
+// e2m1_code's (cpu_mx.cpp), ties to the even code included.
+class Fp8Lanes {
+ public:
+  explicit Fp8Lanes(Wire w)
+      : Fp8Lanes(w == Wire::kE4m3 ? 3 : w == Wire::kE5m2 ? 2 : 1, w == Wire::kE4m3 ? 7 : w == Wire::kE5m2 ? 15 : 1,
+                 w == Wire::kE4m3 ? 0x7F : 0x7C) {}
+  Fp8Lanes(int mantissa_bits, int bias, int overflow)
+      : shift_(23 - mantissa_bits),
+        min_normal_(_mm256_set1_epi32((128 - bias) << 23)),
+        big_bits_(_mm256_set1_epi32((128 - bias - mantissa_bits + 23) << 23)),
+        half_minus_one_(_mm256_set1_epi32((1 << (shift_ - 1)) - 1)),
+        rebias_(_mm256_set1_epi32((127 - bias) << mantissa_bits)),
+        top_(_mm256_set1_epi32(overflow)) {}
+
+  // The codes of 8 fp32 values, one in the low byte of each 32-bit lane.
+  __m256i codes(__m256 v) const {
+    const __m256i x = _mm256_castps_si256(v);
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 24), _mm256_set1_epi32(0x80));
+    const __m256i ax = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i subnormal = _mm256_sub_epi32(
+        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(ax), _mm256_castsi256_ps(big_bits_))), big_bits_);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ax, shift_), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(ax, _mm256_add_epi32(half_minus_one_, odd));
+    const __m256i normal = _mm256_min_epi32(_mm256_sub_epi32(_mm256_srli_epi32(rounded, shift_), rebias_), top_);
+    __m256i code = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(min_normal_, ax));
+    code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F), _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7F800000)));
+    return _mm256_or_si256(code, sign);
+  }
+
+  // codes() for values known to be finite and at most the format's largest magnitude (an MX block's,
+  // after its scale): no NaN and no overflow to handle.
+  __m256i codes_in_range(__m256 v) const {
+    const __m256i x = _mm256_castps_si256(v);
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 24), _mm256_set1_epi32(0x80));
+    const __m256i ax = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i subnormal = _mm256_sub_epi32(
+        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(ax), _mm256_castsi256_ps(big_bits_))), big_bits_);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ax, shift_), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(ax, _mm256_add_epi32(half_minus_one_, odd));
+    const __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(rounded, shift_), rebias_);
+    return _mm256_or_si256(_mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(min_normal_, ax)), sign);
+  }
+
+ private:
+  int shift_;
+  __m256i min_normal_, big_bits_, half_minus_one_, rebias_, top_;
+};
+
 void cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w) {
-  const int m = w == Wire::kE4m3 ? 3 : 2, bias = w == Wire::kE4m3 ? 7 : 15;
-  const int overflow = w == Wire::kE4m3 ? 0x7F : 0x7C, shift = 23 - m;
+  const Fp8Lanes fp8(w);
   const __m256 s = _mm256_set1_ps(scale);
-  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
-  const __m256i min_normal = _mm256_set1_epi32((128 - bias) << 23);
-  const __m256i big_bits = _mm256_set1_epi32((128 - bias - m + 23) << 23);
-  const __m256i half_minus_one = _mm256_set1_epi32((1 << (shift - 1)) - 1), one = _mm256_set1_epi32(1);
-  const __m256i rebias = _mm256_set1_epi32((127 - bias) << m), top = _mm256_set1_epi32(overflow);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256i x = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(src + i), s));
-    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 24), _mm256_set1_epi32(0x80));
-    const __m256i ax = _mm256_and_si256(x, magnitude);
-    const __m256i subnormal = _mm256_sub_epi32(
-        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(ax), _mm256_castsi256_ps(big_bits))), big_bits);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ax, shift), one);
-    const __m256i rounded = _mm256_add_epi32(ax, _mm256_add_epi32(half_minus_one, odd));
-    const __m256i normal = _mm256_min_epi32(_mm256_sub_epi32(_mm256_srli_epi32(rounded, shift), rebias), top);
-    __m256i code = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(min_normal, ax));
-    code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F), _mm256_cmpgt_epi32(ax, inf));
-    code = _mm256_or_si256(code, sign);
+    const __m256i code = fp8.codes(_mm256_mul_ps(_mm256_loadu_ps(src + i), s));
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + i), _mm_packus_epi16(words, words));
   }
   for (; i < n; ++i) dst[i] = to_fp8(src[i] * scale, w);
 }
 
-// Each byte's value looked up in the format's table of 256, eight at a time.
+// fp8_values (cpu_frames.cpp) of 8 codes, one in each 32-bit lane, computed rather than gathered from
+// the table (a gather of 8 cost more than the arithmetic): a normal code's magnitude bits placed under
+// fp32's exponent and rebiased; a subnormal's mantissa converted and scaled; e4m3's 0x7F and e5m2's
+// all-ones exponent made NaN (and e5m2's 0x7C inf); the sign put back. Exact, and independent of the
+// thread's DAZ setting (no subnormal is an input).
+class Fp8Widen {
+ public:
+  explicit Fp8Widen(Wire w)
+      : e4m3_(w == Wire::kE4m3),
+        shift_(e4m3_ ? 20 : 21),
+        rebias_(_mm256_set1_epi32((e4m3_ ? 120 : 112) << 23)),
+        subnormal_step_(_mm256_set1_ps(e4m3_ ? 0x1p-9f : 0x1p-16f)),
+        smallest_normal_(_mm256_set1_epi32(e4m3_ ? 8 : 4)) {}
+
+  __m256 values(__m256i code) const {
+    const __m256i magnitude = _mm256_and_si256(code, _mm256_set1_epi32(0x7F));
+    const __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(magnitude, shift_), rebias_));
+    const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(magnitude), subnormal_step_);
+    __m256 v = _mm256_blendv_ps(normal, subnormal, _mm256_castsi256_ps(_mm256_cmpgt_epi32(smallest_normal_, magnitude)));
+    if (e4m3_) {
+      v = _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
+                           _mm256_castsi256_ps(_mm256_cmpeq_epi32(magnitude, _mm256_set1_epi32(0x7F))));
+    } else {
+      const __m256i special = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7B));
+      const __m256i inf = _mm256_cmpeq_epi32(magnitude, _mm256_set1_epi32(0x7C));
+      const __m256i bits = _mm256_blendv_epi8(_mm256_set1_epi32(0x7FC00000), _mm256_set1_epi32(0x7F800000), inf);
+      v = _mm256_blendv_ps(v, _mm256_castsi256_ps(bits), _mm256_castsi256_ps(special));
+    }
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(0x80)), 24);
+    return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
+  }
+
+ private:
+  bool e4m3_;
+  int shift_;
+  __m256i rebias_;
+  __m256 subnormal_step_;
+  __m256i smallest_normal_;
+};
+
 void restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w) {
-  const float* values = fp8_values(w);
+  const Fp8Widen fp8(w);
   const __m256 s = _mm256_set1_ps(scale);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256i codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
-    _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_i32gather_ps(values, codes, 4), s));
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(fp8.values(codes), s));
   }
+  const float* values = fp8_values(w);
   for (; i < n; ++i) dst[i] = values[src[i]] * scale;
+}
+
+// --- MX blocks (codec.h, "MX blocks"): the scalar block kernels of cpu_mx.cpp on 8 lanes, four
+// vectors a block.
+
+inline int popcount_lanes(__m256i mask) { return __builtin_popcount(_mm256_movemask_ps(_mm256_castsi256_ps(mask))); }
+
+// 32 codes, one in the low byte of each lane of c[0..3], as 32 bytes in order.
+inline __m256i bytes_of(const __m256i* c) {
+  const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+  return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// One block's 32 values, scaled, as its elements at `out` (32 bytes, 16 for e2m1), `inverse` = 2^-X.
+// Counts the values that pass the largest magnitude into `saturated` (lanes of -1 per value) where
+// kCountSaturated: under RCEIL none does (X makes amax * 2^-X at most the largest), and the clamp is
+// then the identity too.
+template <bool kE2m1, bool kCountSaturated>
+inline void encode_elements(const __m256* v, __m256 inverse, const Fp8Lanes& fp8, __m256 largest, __m256i& saturated,
+                            uint8_t* out) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256i c[4];
+  #pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    __m256 q = _mm256_mul_ps(v[k], inverse);
+    if constexpr (kCountSaturated) {
+      const __m256 a = _mm256_and_ps(q, magnitude);
+      saturated = _mm256_add_epi32(saturated, _mm256_castps_si256(_mm256_cmp_ps(a, largest, _CMP_GT_OQ)));
+      // The scalar kernel's clamp (std::clamp, or for e2m1 the magnitude's min): the same values.
+      q = _mm256_min_ps(_mm256_max_ps(q, _mm256_xor_ps(largest, _mm256_set1_ps(-0.0f))), largest);
+    }
+    if constexpr (kE2m1) {
+      const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(q), 31), 3);
+      c[k] = _mm256_or_si256(fp8.codes_in_range(_mm256_and_ps(q, magnitude)), sign);
+    } else {
+      c[k] = fp8.codes_in_range(q);
+    }
+  }
+  const __m256i bytes = bytes_of(c);
+  if constexpr (kE2m1) {
+    // Element 2j in the low nibble of byte j, 2j + 1 in its high nibble.
+    const __m256i pairs = _mm256_or_si256(_mm256_and_si256(bytes, _mm256_set1_epi16(0x000F)),
+                                          _mm256_and_si256(_mm256_srli_epi16(bytes, 4), _mm256_set1_epi16(0x00F0)));
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(pairs, pairs), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bytes);
+  }
+}
+
+// The largest magnitude's bits of each of 8 blocks (lanes of m[b], the lane-wise maxima of block b),
+// as lane b.
+inline __m256i lane_maxima(const __m256i* m) {
+  auto pairs = [](__m256i x, __m256i y) { return _mm256_max_epu32(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y)); };
+  auto quads = [](__m256i x, __m256i y) { return _mm256_max_epu32(_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y)); };
+  const __m256i low = quads(pairs(m[0], m[1]), pairs(m[2], m[3]));   // blocks 0-3, per 128-bit half
+  const __m256i high = quads(pairs(m[4], m[5]), pairs(m[6], m[7]));  // blocks 4-7
+  return _mm256_max_epu32(_mm256_permute2x128_si256(low, high, 0x20), _mm256_permute2x128_si256(low, high, 0x31));
+}
+
+// Whole blocks, eight at a time: their maxima and scales as lanes of one vector (no block waits on a
+// scalar chain from its own amax), then each block's elements; the rest one at a time.
+template <bool kE2m1, bool kFloor>
+void mx_encode_blocks(const float* src, size_t count, float scale, const MxBlockFormat& f, uint8_t* scales,
+                      uint8_t* elements, Census* census) {
+  constexpr size_t kBlockBytes = kE2m1 ? kMxBlock / 2 : kMxBlock;
+  const Fp8Lanes fp8(f.element);
+  const __m256 s = _mm256_set1_ps(scale), largest = _mm256_set1_ps(f.max);
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF), finite_top = _mm256_set1_epi32(0x7F7FFFFF);
+  __m256i saturated = _mm256_setzero_si256();
+  uint64_t nonfinite = 0;
+  // Block b's values (scaled) and its lane-wise maximum magnitude.
+  auto load = [&](size_t b, __m256* v) {
+    __m256i m = _mm256_setzero_si256();
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_mul_ps(_mm256_loadu_ps(src + b * kMxBlock + 8 * k), s);
+      m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(v[k]), magnitude));
+    }
+    return m;
+  };
+  auto not_finite = [&](size_t b, const __m256* v) {
+    for (int k = 0; k < 4; ++k) {
+      nonfinite += uint64_t(popcount_lanes(_mm256_cmpgt_epi32(
+          _mm256_and_si256(_mm256_castps_si256(v[k]), magnitude), finite_top)));
+    }
+    __builtin_memset(elements + b * kBlockBytes, 0, kBlockBytes);
+    scales[b] = 0xFF;
+  };
+  // X (clamped) of each lane's amax bits.
+  auto exponents = [&](__m256i amax) {
+    __m256i x = _mm256_sub_epi32(_mm256_srli_epi32(amax, 23), _mm256_set1_epi32(127 + f.emax));
+    if constexpr (!kFloor) {
+      const __m256i fraction = _mm256_and_si256(amax, _mm256_set1_epi32(0x7FFFFF));
+      x = _mm256_sub_epi32(x, _mm256_cmpgt_epi32(fraction, _mm256_set1_epi32(int(f.fraction))));
+    }
+    return _mm256_min_epi32(_mm256_max_epi32(x, _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+  };
+  size_t b = 0;
+  for (; b + 8 <= count; b += 8) {
+    __m256i m[8];
+    __m256 v[4];
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) m[j] = load(b + j, v);
+    const __m256i amax = lane_maxima(m);
+    const __m256i x = exponents(amax);
+    const __m256i inverse = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127), x), 23);
+    const int bad = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(amax, finite_top)));
+    const __m256i codes = _mm256_add_epi32(x, _mm256_set1_epi32(127));
+    const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(codes), _mm256_extracti128_si256(codes, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(scales + b), _mm_packus_epi16(words, words));
+    for (int j = 0; j < 8; ++j) {
+      load(b + j, v);  // again, from L1
+      if (bad >> j & 1) {
+        not_finite(b + j, v);
+        continue;
+      }
+      const __m256 lane = _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(inverse, _mm256_set1_epi32(j)));
+      encode_elements<kE2m1, kFloor>(v, lane, fp8, largest, saturated, elements + (b + j) * kBlockBytes);
+    }
+  }
+  for (; b < count; ++b) {
+    __m256 v[4];
+    __m256i m = load(b, v);
+    m = _mm256_max_epu32(m, _mm256_permute2x128_si256(m, m, 1));
+    m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0x4E));
+    m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0xB1));
+    if (uint32_t(_mm256_cvtsi256_si32(m)) > 0x7F7FFFFFu) {
+      not_finite(b, v);
+      continue;
+    }
+    const __m256i x = exponents(m);
+    const __m256 inverse = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127), x), 23));
+    encode_elements<kE2m1, kFloor>(v, inverse, fp8, largest, saturated, elements + b * kBlockBytes);
+    scales[b] = uint8_t(_mm256_cvtsi256_si32(x) + 127);
+  }
+  if (census) {
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), saturated);
+    uint64_t total = 0;
+    for (int32_t lane : lanes) total += uint64_t(uint32_t(-lane));
+    census->nonfinite += nonfinite;
+    census->saturated += total;
+  }
+}
+
+void mx_encode_f32(const float* src, size_t count, float scale, const MxBlockFormat& f, MxScale rule, uint8_t* scales,
+                   uint8_t* elements, Census* census) {
+  // The per-lane saturation counters hold 2^31 - 1 each: pieces of at most 2^26 blocks.
+  constexpr size_t kPiece = size_t(1) << 26;
+  for (size_t first = 0; first < count; first += kPiece) {
+    const size_t blocks = std::min(kPiece, count - first);
+    const float* x = src + first * kMxBlock;
+    uint8_t* e = elements + first * (f.element == Wire::kMxfp4 ? kMxBlock / 2 : kMxBlock);
+    const bool e2m1 = f.element == Wire::kMxfp4, floor = rule == MxScale::kFloor;
+    if (e2m1 && floor) mx_encode_blocks<true, true>(x, blocks, scale, f, scales + first, e, census);
+    if (e2m1 && !floor) mx_encode_blocks<true, false>(x, blocks, scale, f, scales + first, e, census);
+    if (!e2m1 && floor) mx_encode_blocks<false, true>(x, blocks, scale, f, scales + first, e, census);
+    if (!e2m1 && !floor) mx_encode_blocks<false, false>(x, blocks, scale, f, scales + first, e, census);
+  }
+}
+
+// The scale 2^X of a code as 8 lanes: 0xFF is NaN, 0 the subnormal 2^-127 (scale_of in cpu_mx.cpp).
+inline __m256 scale_lanes(uint8_t code) {
+  if (code == 0xFF) return _mm256_set1_ps(__builtin_nanf(""));
+  return _mm256_set1_ps(code ? __builtin_bit_cast(float, uint32_t(code) << 23) : 0x1p-127f);
+}
+
+template <MxDecodeOp kOp>
+inline void put(float* out, __m256 v, __m256 post) {
+  if constexpr (kOp == MxDecodeOp::kAdd) {
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), v));
+  } else if constexpr (kOp == MxDecodeOp::kScale) {
+    _mm256_storeu_ps(out, _mm256_mul_ps(v, post));
+  } else {
+    _mm256_storeu_ps(out, v);
+  }
+}
+
+template <MxDecodeOp kOp>
+void mx_decode_blocks(const uint8_t* scales, const uint8_t* elements, size_t count, Wire wire, float* out, float post) {
+  const __m256 p = _mm256_set1_ps(post);
+  if (wire == Wire::kMxfp4) {
+    // The eight magnitudes by index, the sign from bit 3 (kE2m1Values' order).
+    const __m256 magnitudes = _mm256_loadu_ps(kE2m1Values);
+    for (size_t b = 0; b < count; ++b) {
+      const __m256 s = scale_lanes(scales[b]);
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(elements + b * kMxBlock / 2));
+      const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
+      const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+      const __m128i codes[2] = {_mm_unpacklo_epi8(low, high), _mm_unpackhi_epi8(low, high)};
+  #pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+        const __m256i code = _mm256_cvtepu8_epi32(k % 2 ? _mm_srli_si128(codes[k / 2], 8) : codes[k / 2]);
+        const __m256 magnitude = _mm256_permutevar8x32_ps(magnitudes, code);
+        const __m256 value = _mm256_or_ps(magnitude, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(code, 3), 31)));
+        put<kOp>(out + b * kMxBlock + 8 * k, _mm256_mul_ps(value, s), p);
+      }
+    }
+    return;
+  }
+  const Fp8Widen fp8(wire == Wire::kMxfp8 ? Wire::kE4m3 : Wire::kE5m2);
+  for (size_t b = 0; b < count; ++b) {
+    const __m256 s = scale_lanes(scales[b]);
+    const uint8_t* in = elements + b * kMxBlock;
+  #pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+      const __m256i code = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in + 8 * k)));
+      put<kOp>(out + b * kMxBlock + 8 * k, _mm256_mul_ps(fp8.values(code), s), p);
+    }
+  }
+}
+
+void mx_decode(const uint8_t* scales, const uint8_t* elements, size_t count, Wire wire, float* out, MxDecodeOp op,
+               float post) {
+  switch (op) {
+    case MxDecodeOp::kStore: return mx_decode_blocks<MxDecodeOp::kStore>(scales, elements, count, wire, out, post);
+    case MxDecodeOp::kAdd: return mx_decode_blocks<MxDecodeOp::kAdd>(scales, elements, count, wire, out, post);
+    case MxDecodeOp::kScale: return mx_decode_blocks<MxDecodeOp::kScale>(scales, elements, count, wire, out, post);
+  }
 }
 
 }  // namespace
 
 const CpuKernels* avx2_f16c_kernels() {
   static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add,
-                                  cast_add_f32, sum, sum_f32, amax_f32, cast8_f32, restore8_f32};
+                                  cast_add_f32, sum, sum_f32, amax_f32, cast8_f32, restore8_f32,
+                                  mx_encode_f32, mx_decode};
   return &kernels;
 }
 

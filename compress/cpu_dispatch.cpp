@@ -56,6 +56,8 @@ void count_values(const T* src, size_t n, float scale, Wire wire) {
 
 namespace detail {
 
+const CpuKernels& active_kernels() { return active(); }
+
 CensusSink& census_sink() {
   thread_local CensusSink sink;
   return sink;

@@ -7,6 +7,17 @@
 
 namespace cnccl::compress::detail {
 
+// An MX wire's element type, as its block kernels need it (codec.h, "MX blocks").
+struct MxBlockFormat {
+  int emax;           // the exponent of the element type's largest binade
+  float max;          // its largest magnitude
+  uint32_t fraction;  // the significand bits of max past its leading one (mx_largest_fraction)
+  Wire element;       // the 8-bit format of the elements: kE4m3, kE5m2, or kMxfp4 for e2m1
+};
+MxBlockFormat mx_block_format(Wire wire);
+// What an MX decode does with each value v of its blocks: out = v, out += v, or out = v * post.
+enum class MxDecodeOp : uint8_t { kStore, kAdd, kScale };
+
 // The casts count what they meet into a Census when given one (nullptr: they do not count).
 struct CpuKernels {
   void (*cast_f32)(const float*, uint16_t*, size_t, float, Wire, Census*);
@@ -21,7 +32,18 @@ struct CpuKernels {
   float (*amax_f32)(const float*, size_t);
   void (*cast8_f32)(const float*, uint8_t*, size_t, float, Wire);
   void (*restore8_f32)(const uint8_t*, float*, size_t, float, Wire);
+  // MX blocks (cpu_mx.cpp): `blocks` whole blocks of 32 values src[i] * scale, their scale codes to
+  // scales[0..blocks) and their elements to `elements` (32 bytes a block, 16 for e2m1); what the
+  // values met is counted into the census, if any (samples are taken by the caller).
+  void (*mx_encode_f32)(const float* src, size_t blocks, float scale, const MxBlockFormat& f, MxScale rule,
+                        uint8_t* scales, uint8_t* elements, Census* census);
+  // The values of `blocks` whole blocks (scales, elements laid out as above) of `wire`, into out[0..32 * blocks).
+  void (*mx_decode)(const uint8_t* scales, const uint8_t* elements, size_t blocks, Wire wire, float* out,
+                    MxDecodeOp op, float post);
 };
+
+// The kernels in use (cpu_dispatch.cpp, set_cpu_path).
+const CpuKernels& active_kernels();
 
 const CpuKernels& scalar_kernels();
 const CpuKernels* avx2_f16c_kernels();  // nullptr when not compiled for x86-64
@@ -48,6 +70,13 @@ float bf16_to_f32(uint16_t h);
 float scalar_amax_f32(const float* src, size_t n);
 void scalar_cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w);
 void scalar_restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w);
+// The scalar MX block kernels (cpu_mx.cpp), also the definition the vector ones are tested against.
+void scalar_mx_encode_f32(const float* src, size_t blocks, float scale, const MxBlockFormat& f, MxScale rule,
+                          uint8_t* scales, uint8_t* elements, Census* census);
+void scalar_mx_decode(const uint8_t* scales, const uint8_t* elements, size_t blocks, Wire wire, float* out,
+                      MxDecodeOp op, float post);
+// The values of e2m1's 16 codes (sign in bit 3).
+extern const float kE2m1Values[16];
 // The 256 values of an 8-bit format, exactly.
 const float* fp8_values(Wire w);
 uint8_t to_fp8(float f, Wire w);

@@ -1,5 +1,7 @@
-// The CPU kernels of MX blocks (codec.h, mx_encode): scalar loops over one block of 32 at a time. The
-// encoding's largest cost is the two passes over a block (its amax, then its elements), both in L1.
+// The CPU kernels of MX blocks (codec.h, mx_encode). Runs of whole blocks go to the dispatched block
+// kernels (the scalar ones here, which define the encoding; vector forms in cpu_mx_avx2.cpp, tested bit
+// for bit against them); a run's short or zero-padded last block, fp64 sources' scaling and the census's
+// samples are handled here, one block at a time.
 #include <algorithm>
 #include <cmath>
 
@@ -10,22 +12,24 @@
 #include "compress/cpu_kernels.h"
 
 namespace cnccl::compress {
+namespace detail {
+
+const float kE2m1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+MxBlockFormat mx_block_format(Wire wire) {
+  return {mx_emax(wire), mx_largest(wire), mx_largest_fraction(wire),
+          wire == Wire::kMxfp8 ? Wire::kE4m3 : wire == Wire::kMxfp8E5m2 ? Wire::kE5m2 : Wire::kMxfp4};
+}
+
+}  // namespace detail
+
 namespace {
 
 using detail::bits_of;
 using detail::float_of;
-
-struct MxFormat {
-  int emax;           // the exponent of the element type's largest binade
-  float max;          // its largest magnitude
-  uint32_t fraction;  // the significand bits of max past its leading one
-  Wire element;       // the 8-bit format of the elements (kMxfp4: e2m1, coded here)
-};
-
-MxFormat format(Wire wire) {
-  return {mx_emax(wire), mx_largest(wire), mx_largest_fraction(wire),
-          wire == Wire::kMxfp8 ? Wire::kE4m3 : wire == Wire::kMxfp8E5m2 ? Wire::kE5m2 : Wire::kMxfp4};
-}
+using detail::MxBlockFormat;
+using detail::MxDecodeOp;
 
 size_t blocks(size_t n) { return (n + kMxBlock - 1) / kMxBlock; }
 
@@ -59,12 +63,9 @@ uint8_t e2m1_code(float a) {
   return uint8_t((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f));
 }
 
-const float kE2m1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
 // One block's m <= 32 values v, already scaled: its scale code, and its elements written at `out`
 // (for MXFP4, m / 2 bytes and a low nibble for an odd m).
-uint8_t encode_block(const float* v, size_t m, const MxFormat& f, MxScale rule, uint8_t* out, Census* census) {
+uint8_t encode_block(const float* v, size_t m, const MxBlockFormat& f, MxScale rule, uint8_t* out, Census* census) {
   uint32_t amax = 0;
   size_t nonfinite = 0;
   for (size_t j = 0; j < m; ++j) {
@@ -105,64 +106,102 @@ uint8_t encode_block(const float* v, size_t m, const MxFormat& f, MxScale rule, 
   return uint8_t(x + 127);
 }
 
-// The value element j of a block decodes to: its code's value times the block's scale.
-float element_value(const uint8_t* elements, size_t j, float scale, Wire wire) {
-  if (wire == Wire::kMxfp4) return kE2m1Values[(elements[j / 2] >> (j % 2 * 4)) & 0xF] * scale;
-  return detail::fp8_values(format(wire).element)[elements[j]] * scale;
+// The value of element j of a block at `elements` (its first byte) with the scale s.
+float element_value(const uint8_t* elements, size_t j, float s, Wire wire) {
+  if (wire == Wire::kMxfp4) return detail::kE2m1Values[(elements[j / 2] >> (j % 2 * 4)) & 0xF] * s;
+  return detail::fp8_values(detail::mx_block_format(wire).element)[elements[j]] * s;
+}
+
+// out[0..m) (op) the first m values of the block with scale code `code` and elements at `elements`.
+void decode_block(uint8_t code, const uint8_t* elements, size_t m, Wire wire, float* out, MxDecodeOp op,
+                  float post) {
+  const float s = scale_of(code);
+  for (size_t j = 0; j < m; ++j) {
+    const float v = element_value(elements, j, s, wire);
+    out[j] = op == MxDecodeOp::kAdd ? out[j] + v : op == MxDecodeOp::kScale ? v * post : v;
+  }
+}
+
+template <typename Byte>
+Byte* block_elements(Byte* elements, size_t b, Wire wire) {
+  return elements + element_bytes(b * kMxBlock, wire);
 }
 
 // Counts into this thread's census, and samples its stride (set only with a census).
 template <typename T>
 void encode(const T* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst,
             const detail::CensusSink& sink) {
-  const MxFormat f = format(wire);
+  const MxBlockFormat f = detail::mx_block_format(wire);
+  const detail::CpuKernels& kernels = detail::active_kernels();
   uint8_t* scales = dst;
   uint8_t* elements = dst + blocks(count);
+  size_t b = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    // The whole blocks of given values go to the block kernel at once.
+    b = std::min(n, count) / kMxBlock;
+    kernels.mx_encode_f32(src, b, scale, f, rule, scales, elements, sink.census);
+  }
   float v[kMxBlock];
-  for (size_t b = 0, first = 0; first < count; ++b, first += kMxBlock) {
+  for (; b * kMxBlock < count; ++b) {
+    const size_t first = b * kMxBlock;
     const size_t m = std::min(kMxBlock, count - first), given = first < n ? std::min(m, n - first) : 0;
     // The product formed as cast() forms it: in the source's precision, then to fp32.
     for (size_t j = 0; j < given; ++j) v[j] = static_cast<float>(src[first + j] * static_cast<T>(scale));
     std::fill(v + given, v + m, 0.0f);
-    uint8_t* out = elements + element_bytes(first, wire);
-    scales[b] = encode_block(v, m, f, rule, out, sink.census);
-    if (!sink.stride) continue;
-    for (size_t i = (first + sink.stride - 1) / sink.stride * sink.stride; i < first + given; i += sink.stride) {
-      detail::sample(v[i - first], element_value(out, i - first, scale_of(scales[b]), wire), *sink.census);
+    if (m == kMxBlock) {
+      kernels.mx_encode_f32(v, 1, 1.0f, f, rule, scales + b, block_elements(elements, b, wire), sink.census);
+    } else {
+      scales[b] = encode_block(v, m, f, rule, block_elements(elements, b, wire), sink.census);
     }
   }
-}
-
-// out[0..m) = the first m decoded values of block b of the run at `in` (n elements).
-void decode_block(const uint8_t* in, size_t n, size_t b, size_t m, Wire wire, float* out) {
-  const float s = scale_of(in[b]);
-  const uint8_t* elements = in + blocks(n);
-  const size_t first = b * kMxBlock;
-  if (wire == Wire::kMxfp4) {
-    const uint8_t* bytes = elements + first / 2;
-    for (size_t j = 0; j < m; ++j) out[j] = kE2m1Values[(bytes[j / 2] >> (j % 2 * 4)) & 0xF] * s;
-    return;
+  if (!sink.stride) return;
+  for (size_t i = 0; i < std::min(n, count); i += sink.stride) {
+    const size_t block = i / kMxBlock;
+    detail::sample(static_cast<float>(src[i] * static_cast<T>(scale)),
+                   element_value(block_elements(elements, block, wire), i % kMxBlock, scale_of(scales[block]), wire),
+                   *sink.census);
   }
-  const float* value = detail::fp8_values(format(wire).element);
-  for (size_t j = 0; j < m; ++j) out[j] = value[elements[first + j]] * s;
 }
 
-template <typename T>
-void restore(const uint8_t* src, size_t count, T* dst, size_t n, float post, Wire wire) {
-  float v[kMxBlock];
-  const T p = static_cast<T>(post);
-  for (size_t b = 0, first = 0; first < n; ++b, first += kMxBlock) {
-    const size_t m = std::min(kMxBlock, n - first);
-    decode_block(src, count, b, m, wire, v);
-    for (size_t j = 0; j < m; ++j) dst[first + j] = static_cast<T>(v[j]) * p;
+// out[0..n) (op) the first n values of the run of `count` at `in`: whole blocks through the block
+// kernel, a short last one here.
+void decode(const uint8_t* in, size_t count, size_t n, Wire wire, float* out, MxDecodeOp op, float post) {
+  const uint8_t* scales = in;
+  const uint8_t* elements = in + blocks(count);
+  const size_t whole = n / kMxBlock;
+  detail::active_kernels().mx_decode(scales, elements, whole, wire, out, op, post);
+  if (whole * kMxBlock < n) {
+    decode_block(scales[whole], block_elements(elements, whole, wire), n - whole * kMxBlock, wire,
+                 out + whole * kMxBlock, op, post);
   }
 }
 
 }  // namespace
 
-size_t mx_bytes(size_t n, Wire wire) { return blocks(n) + element_bytes(n, wire); }
+namespace detail {
+
+void scalar_mx_encode_f32(const float* src, size_t count, float scale, const MxBlockFormat& f, MxScale rule,
+                          uint8_t* scales, uint8_t* elements, Census* census) {
+  float v[kMxBlock];
+  const size_t block_bytes = f.element == Wire::kMxfp4 ? kMxBlock / 2 : kMxBlock;
+  for (size_t b = 0; b < count; ++b) {
+    for (size_t j = 0; j < kMxBlock; ++j) v[j] = src[b * kMxBlock + j] * scale;
+    scales[b] = encode_block(v, kMxBlock, f, rule, elements + b * block_bytes, census);
+  }
+}
+
+void scalar_mx_decode(const uint8_t* scales, const uint8_t* elements, size_t count, Wire wire, float* out,
+                      MxDecodeOp op, float post) {
+  for (size_t b = 0; b < count; ++b) {
+    decode_block(scales[b], block_elements(elements, b, wire), kMxBlock, wire, out + b * kMxBlock, op, post);
+  }
+}
+
+}  // namespace detail
 
 const char* mx_scale_name(MxScale rule) { return rule == MxScale::kFloor ? "floor" : "rceil"; }
+
+size_t mx_bytes(size_t n, Wire wire) { return blocks(n) + element_bytes(n, wire); }
 
 void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst) {
   const GradualUnderflow exact;
@@ -175,25 +214,50 @@ void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire
 
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire) {
   const GradualUnderflow exact;
-  float v[kMxBlock];
-  for (size_t b = 0, first = 0; first < n; ++b, first += kMxBlock) {
-    const size_t m = std::min(kMxBlock, n - first);
-    float* acc = dst + first;
-    decode_block(in[0], n, b, m, wire, acc);
-    for (size_t r = 1; r < k; ++r) {
-      decode_block(in[r], n, b, m, wire, v);
-      for (size_t j = 0; j < m; ++j) acc[j] += v[j];
+  // A piece at a time, so that the running sum stays in L1 while every rank's values are added.
+  constexpr size_t kPiece = 64 * kMxBlock;
+  for (size_t first = 0; first < n; first += kPiece) {
+    const size_t m = std::min(kPiece, n - first);
+    for (size_t r = 0; r < k; ++r) {
+      const uint8_t* run = in[r];
+      // The piece's blocks within the run of n: its scales from block first / 32, its elements likewise.
+      const size_t b = first / kMxBlock;
+      const uint8_t* scales = run + b;
+      const uint8_t* elements = run + blocks(n) + element_bytes(first, wire);
+      const MxDecodeOp op = r == 0 ? MxDecodeOp::kStore : MxDecodeOp::kAdd;
+      const size_t whole = m / kMxBlock;
+      detail::active_kernels().mx_decode(scales, elements, whole, wire, dst + first, op, 0.0f);
+      if (whole * kMxBlock < m) {
+        decode_block(scales[whole], block_elements(elements, whole, wire), m - whole * kMxBlock, wire,
+                     dst + first + whole * kMxBlock, op, 0.0f);
+      }
     }
   }
 }
 
 void mx_restore(const uint8_t* src, size_t count, float* dst, size_t n, float post, Wire wire) {
   const GradualUnderflow exact;
-  restore(src, count, dst, n, post, wire);
+  decode(src, count, n, wire, dst, MxDecodeOp::kScale, post);
 }
 void mx_restore(const uint8_t* src, size_t count, double* dst, size_t n, float post, Wire wire) {
   const GradualUnderflow exact;
-  restore(src, count, dst, n, post, wire);
+  // Decoded in pieces to fp32 (exact), then T(v) * T(post) in fp64.
+  constexpr size_t kPiece = 64 * kMxBlock;
+  float v[kPiece];
+  const double p = post;
+  for (size_t first = 0; first < n; first += kPiece) {
+    const size_t m = std::min(kPiece, n - first);
+    const size_t b = first / kMxBlock;
+    const uint8_t* scales = src + b;
+    const uint8_t* elements = src + blocks(count) + element_bytes(first, wire);
+    const size_t whole = m / kMxBlock;
+    detail::active_kernels().mx_decode(scales, elements, whole, wire, v, MxDecodeOp::kStore, 0.0f);
+    if (whole * kMxBlock < m) {
+      decode_block(scales[whole], block_elements(elements, whole, wire), m - whole * kMxBlock, wire,
+                   v + whole * kMxBlock, MxDecodeOp::kStore, 0.0f);
+    }
+    for (size_t j = 0; j < m; ++j) dst[first + j] = static_cast<double>(v[j]) * p;
+  }
 }
 
 }  // namespace cnccl::compress

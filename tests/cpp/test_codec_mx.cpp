@@ -1,0 +1,185 @@
+// The MX block kernels (compress/cpu_mx.cpp, and their vector forms in cpu_avx2.cpp) against the scalar
+// kernels, which define the encoding (tests/python/test_mx.py holds those to torchao): every scale and
+// element byte, every census count and sample, and every decoded, summed and restored value's bits are the
+// same on each CPU path (any NaN for a NaN), for random values over 40 decades, fp32 subnormals, blocks with an inf or a NaN,
+// exact ties between element values, amaxes on both sides of each rule's saturation edge, zeros and -0,
+// short last blocks, zero-padded runs (n < count) and fp64 sources, under both scale rules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "compress/codec.h"
+
+namespace cnccl::compress {
+namespace {
+
+std::vector<CpuPath> vector_paths() {
+  std::vector<CpuPath> out;
+  if (cpu_path_supported(CpuPath::kAvx2F16c)) out.push_back(CpuPath::kAvx2F16c);
+  return out;
+}
+
+// Restores the dispatch whatever a test does.
+struct PathGuard {
+  CpuPath saved = cpu_path();
+  ~PathGuard() { set_cpu_path(saved); }
+};
+
+const Wire kWires[] = {Wire::kMxfp8, Wire::kMxfp8E5m2, Wire::kMxfp4};
+const MxScale kRules[] = {MxScale::kRceil, MxScale::kFloor};
+
+std::string name(Wire w, MxScale rule, const std::string& kind, size_t n) {
+  return std::string(wire_name(w)) + " " + mx_scale_name(rule) + " " + kind + " n=" + std::to_string(n);
+}
+
+// Values of every kind the kernels branch on, n of them.
+std::vector<std::pair<std::string, std::vector<float>>> kinds(Wire w, size_t n) {
+  std::mt19937 gen(uint32_t(n) * 7 + uint32_t(w));
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f), decades(-20.0f, 20.0f);
+  std::vector<std::pair<std::string, std::vector<float>>> out;
+  std::vector<float> v(n);
+  for (auto& x : v) x = unit(gen) * std::pow(10.0f, decades(gen));
+  out.emplace_back("random", v);
+  for (size_t i = 0; i < n; ++i) v[i] = unit(gen) * (i % 3 ? 1e-39f : 1e-30f);  // fp32 subnormals beside normals
+  out.emplace_back("subnormal", v);
+  for (size_t i = 0; i < n; ++i) v[i] = unit(gen);
+  for (size_t i = 5; i < n; i += 97) v[i] = i % 2 ? INFINITY : -NAN;
+  out.emplace_back("non-finite", v);
+  // Ties between neighbouring element values (e2m1's and e4m3's) at a block scale of 2^0, and their
+  // negatives: each block's first value sets the scale.
+  const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 0.0009765625f, 1.0625f, 1.1875f, -0.0f, 0.0f};
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = i % kMxBlock == 0 ? std::ldexp(1.0f, mx_emax(w)) : ties[i % 12] * (i % 5 ? 1.0f : -1.0f);
+  }
+  out.emplace_back("ties", v);
+  // amax with significands from 1.0 to 1.99 (past 1.5 and 1.75, where FLOOR saturates and RCEIL takes
+  // the next scale), one ulp either side of each rule's edge, over many binades.
+  const float edge = mx_largest(w) / std::ldexp(1.0f, mx_emax(w));
+  for (size_t i = 0; i < n; ++i) {
+    const size_t b = i / kMxBlock;
+    const float top = b % 3 == 0 ? std::nextafter(edge, 2.0f) : b % 3 == 1 ? edge : 1.0f + float(b % 97) / 97.0f;
+    const float block = std::ldexp(top, int(b % 200) - 100);
+    v[i] = i % kMxBlock == 0 ? block : block * unit(gen);
+  }
+  out.emplace_back("saturation", v);
+  std::fill(v.begin(), v.end(), 0.0f);
+  for (size_t i = 0; i < n; i += 2) v[i] = -0.0f;
+  out.emplace_back("zeros", v);
+  return out;
+}
+
+struct Encoded {
+  std::vector<uint8_t> bytes;
+  Census census;
+};
+
+template <typename T>
+Encoded encode_on(CpuPath path, const std::vector<T>& src, size_t count, float scale, Wire w, MxScale rule) {
+  set_cpu_path(path);
+  Encoded e;
+  e.bytes.assign(mx_bytes(count, w), 0xAB);
+  const CensusScope scope(&e.census, 7);
+  mx_encode(src.data(), src.size(), count, scale, w, rule, e.bytes.data());
+  return e;
+}
+
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+// The same bits, except that any NaN equals any NaN: which operand's payload an add of two NaNs
+// keeps depends on the order the compiler gives a commutative add, in the scalar kernels too.
+template <typename T>
+bool same_values(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return false;
+  }
+  return true;
+}
+
+void expect_same_census(const Census& a, const Census& b, const std::string& what) {
+  EXPECT_EQ(a.nonfinite, b.nonfinite) << what;
+  EXPECT_EQ(a.saturated, b.saturated) << what;
+  EXPECT_EQ(a.samples, b.samples) << what;
+  EXPECT_EQ(a.error_squared, b.error_squared) << what;
+  EXPECT_EQ(a.value_squared, b.value_squared) << what;
+}
+
+TEST(CodecMx, EncodingIsTheScalarKernelsBitForBit) {
+  const PathGuard guard;
+  if (vector_paths().empty()) GTEST_SKIP() << "this processor has no vector path";
+  for (Wire w : kWires) {
+    for (MxScale rule : kRules) {
+      for (size_t n : {size_t(0), size_t(1), size_t(31), size_t(32), size_t(33), size_t(1000), size_t(4113)}) {
+        for (const auto& [kind, v] : kinds(w, n)) {
+          for (size_t count : {n, n + 40}) {  // as given, and zero-padded past n
+            for (float scale : {1.0f, 0.3f}) {
+              const std::string what = name(w, rule, kind, n) + " count=" + std::to_string(count) +
+                                       " scale=" + std::to_string(scale);
+              const Encoded want = encode_on(CpuPath::kScalar, v, count, scale, w, rule);
+              for (CpuPath path : vector_paths()) {
+                const Encoded got = encode_on(path, v, count, scale, w, rule);
+                EXPECT_TRUE(same_bits(got.bytes, want.bytes)) << cpu_path_name(path) << " " << what;
+                expect_same_census(got.census, want.census, what);
+              }
+              const std::vector<double> wide(v.begin(), v.end());
+              const Encoded want64 = encode_on(CpuPath::kScalar, wide, count, scale, w, rule);
+              for (CpuPath path : vector_paths()) {
+                const Encoded got = encode_on(path, wide, count, scale, w, rule);
+                EXPECT_TRUE(same_bits(got.bytes, want64.bytes)) << cpu_path_name(path) << " fp64 " << what;
+                expect_same_census(got.census, want64.census, "fp64 " + what);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CodecMx, DecodingSumsAndRestoresAreTheScalarKernelsBitForBit) {
+  const PathGuard guard;
+  if (vector_paths().empty()) GTEST_SKIP() << "this processor has no vector path";
+  for (Wire w : kWires) {
+    for (size_t n : {size_t(1), size_t(33), size_t(2048), size_t(4113), size_t(70000)}) {
+      // Three ranks' runs of every kind (the non-finite one gives NaN blocks), and a run of random bytes:
+      // element codes no encoder writes (e4m3's NaN, e5m2's inf and NaN) and every scale code.
+      std::vector<std::vector<uint8_t>> runs;
+      for (const auto& [kind, v] : kinds(w, n)) runs.push_back(encode_on(CpuPath::kScalar, v, n, 1.0f, w, kRules[0]).bytes);
+      std::mt19937 gen{uint32_t(n)};
+      std::vector<uint8_t> noise(mx_bytes(n, w));
+      for (auto& b : noise) b = uint8_t(gen());
+      runs.push_back(noise);
+      for (size_t r = 0; r + 2 < runs.size(); ++r) {
+        const std::string what = std::string(wire_name(w)) + " n=" + std::to_string(n) + " runs from " + std::to_string(r);
+        const uint8_t* three[] = {runs[r].data(), runs[r + 1].data(), runs[r + 2].data()};
+        auto on = [&](CpuPath path) {
+          set_cpu_path(path);
+          std::vector<float> sum(n), restored(n - n / 3);
+          std::vector<double> restored64(n);
+          mx_sum(three, 3, sum.data(), n, w);
+          mx_restore(three[0], n, restored.data(), restored.size(), 0.7f, w);
+          mx_restore(three[1], n, restored64.data(), n, 3.0f, w);
+          return std::make_tuple(sum, restored, restored64);
+        };
+        const auto want = on(CpuPath::kScalar);
+        for (CpuPath path : vector_paths()) {
+          const auto got = on(path);
+          EXPECT_TRUE(same_values(std::get<0>(got), std::get<0>(want))) << cpu_path_name(path) << " sum " << what;
+          EXPECT_TRUE(same_values(std::get<1>(got), std::get<1>(want))) << cpu_path_name(path) << " restore " << what;
+          EXPECT_TRUE(same_values(std::get<2>(got), std::get<2>(want))) << cpu_path_name(path) << " fp64 " << what;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cnccl::compress
