@@ -110,16 +110,22 @@ Traffic traffic(const Plan& plan, int64_t numel, int64_t nbytes) {
   return {nbytes, numel * int64_t(compress::wire_bytes(plan.wire)), true};
 }
 
-AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory, bool fp32_sum, bool framed) {
-  if (framed) return AllreduceAlgorithm::kAlltoall;
+AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory, bool fp32_sum, Framing framing) {
+  if (framing == Framing::kPerPart) return AllreduceAlgorithm::kAlltoall;
+  if (framing == Framing::kBlocks) {
+    return shared_memory == SharedMemory::kOneHost ? AllreduceAlgorithm::kShm : AllreduceAlgorithm::kAlltoall;
+  }
   if (shared_memory == SharedMemory::kOneHost) return AllreduceAlgorithm::kShm;
   if (fp32_sum) return AllreduceAlgorithm::kAlltoall;
   if (shared_memory == SharedMemory::kPerHost) return AllreduceAlgorithm::kHierarchical;
   return wire_bytes > kDirectAllreduceMaxBytes ? AllreduceAlgorithm::kRing : AllreduceAlgorithm::kDirect;
 }
 
-AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum, bool framed) {
-  if (framed) return AllreduceAlgorithm::kAlltoall;
+AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum, Framing framing) {
+  if (framing == Framing::kPerPart) return AllreduceAlgorithm::kAlltoall;
+  if (framing == Framing::kBlocks) {
+    return shared_memory == SharedMemory::kOneHost ? AllreduceAlgorithm::kShm : AllreduceAlgorithm::kAlltoall;
+  }
   if (shared_memory == SharedMemory::kOneHost) return AllreduceAlgorithm::kShm;
   return fp32_sum ? AllreduceAlgorithm::kAlltoall : AllreduceAlgorithm::kRing;
 }

@@ -67,14 +67,20 @@ enum class SharedMemory : uint8_t { kNone, kOneHost, kPerHost };
 // host, UCX between them); else over the transport, one exchange with every peer (latency-bound
 // sizes) or a ring reduce-scatter + allgather (bandwidth-bound sizes). A plan with fp32_sum needs
 // every rank's contribution at its part's owner: through shared memory on one host, else an
-// all-to-all reduce-scatter + allgather. Frames (plan.framed) have no shared-memory
-// form: they take the all-to-all over the transport on one host too.
+// all-to-all reduce-scatter + allgather. MX blocks carry their own scales, so a chunk of them decodes
+// alone: on one host they go through shared memory too. A power-of-two frame has one exponent for its
+// whole part and no shared-memory form: it takes the all-to-all over the transport on one host too.
 enum class AllreduceAlgorithm : uint8_t { kShm, kHierarchical, kDirect, kRing, kAlltoall };
+// How a plan's parts travel: as they are, in frames with one exponent a part, or as MX blocks.
+enum class Framing : uint8_t { kNone, kPerPart, kBlocks };
+inline Framing framing_of(const Plan& plan) {
+  return !plan.framed ? Framing::kNone : compress::is_mx(plan.wire) ? Framing::kBlocks : Framing::kPerPart;
+}
 AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory, bool fp32_sum,
-                                    bool framed = false);
-// The reduce_scatter algorithm: kAlltoall for frames, else through shared memory on one host,
-// else kAlltoall for fp32_sum and kRing otherwise.
-AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum, bool framed = false);
+                                    Framing framing = Framing::kNone);
+// The reduce_scatter algorithm: as choose_allreduce for frames, else through shared memory on one
+// host, else kAlltoall for fp32_sum and kRing otherwise.
+AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum, Framing framing = Framing::kNone);
 // Up to this many bytes on the wire the direct exchange wins (bench/allreduce.py, 2 and 4 ranks).
 constexpr int64_t kDirectAllreduceMaxBytes = 256 * 1024;
 // Whether a host-path collective runs on the thread that issued it when no thread leads and nothing

@@ -4,11 +4,19 @@
 // reduce_scatter writes the sum, unrounded. allreduce's parts are ceil(n / size) elements (the last
 // short or empty), as on the composed path, so both paths pick the same exponents and give the same
 // bits.
+//
+// MX blocks on one host go through shared memory instead (mx_shm_*): each block carries its scale, so
+// a chunk of a part's blocks is encoded, summed and decoded on its own. The unit reduce_shm moves is a
+// block (its scale byte and elements: compress::mx_bytes(32)); a piece of k blocks travels as the MX
+// run of the values it covers, which for the part's last block may be short. Parts and blocks are cut
+// exactly as the all-to-all cuts them, so both give the same bits.
 #include "backend/frames.h"
 #include "backend/host/host_path.h"
+#include "backend/host/shm/shm_algorithms.h"
 #include "backend/host/staging.h"
 #include "backend/host/transport/comm.h"
 #include "backend/host/transport/tags.h"
+#include "backend/wide_data.h"
 
 namespace cnccl::host {
 namespace {
@@ -24,7 +32,124 @@ std::vector<at::Tensor> received(const char* const* inputs, int size, int64_t fr
   return out;
 }
 
+// Where blocks [block, block + k) of a run of parts, `count` elements each (`blocks` blocks), lie in the
+// n elements they were cut from: the first element, the elements the blocks cover (the last part
+// padded to `count` with zeros, as the all-to-all pads it), and how many of those exist.
+struct BlockSpan {
+  size_t first, covered, given;
+  BlockSpan(size_t block, size_t k, size_t blocks, size_t count, size_t n) {
+    const size_t j = block % blocks;
+    first = block / blocks * count + j * compress::kMxBlock;
+    covered = std::min(k * compress::kMxBlock, count - j * compress::kMxBlock);
+    given = first < n ? std::min(covered, n - first) : 0;
+  }
+};
+
+// An owner's fp32 sums of the pieces it reduces; the executor thread's alone.
+std::shared_ptr<std::vector<float>> sums_buffer() { return std::make_shared<std::vector<float>>(); }
+
 }  // namespace
+
+HostPath::Step HostPath::mx_shm_allreduce_step(const at::Tensor& tensor, const Plan& plan) {
+  const int size = size_;
+  const size_t n = tensor.numel(), count = (n + size - 1) / size;
+  const size_t blocks = (count + compress::kMxBlock - 1) / compress::kMxBlock;
+  const size_t wide = tensor.element_size();
+  const at::ScalarType dtype = tensor.scalar_type();
+  // Results restored chunk by chunk into the tensor, or into a staging copy that replaces it once
+  // every chunk is in (a strided tensor, or untouched_on_failure: docs/design.md, "Shared memory").
+  const bool direct = tensor.is_contiguous() && !config_.untouched_on_failure;
+  auto src = std::make_shared<at::Tensor>();
+  auto sums = sums_buffer();
+  Step step;
+  step.on_shm = true;
+  step.workspace_bytes = direct ? 0 : n * wide;
+  if (direct) step.wrote_results = std::make_shared<bool>(false);
+  const std::shared_ptr<bool> wrote = step.wrote_results;
+  step.pre = [=](const Buffers&) { *src = tensor.contiguous(); };
+  step.algorithm = [=, this](const Buffers& b) {
+    const char* x = static_cast<const char*>(src->const_data_ptr());
+    char* y = direct ? static_cast<char*>(tensor.data_ptr()) : b.workspace;
+    const ShmProduce produce = [=](size_t block, size_t k, char* dst) {
+      const BlockSpan s(block, k, blocks, count, n);
+      with_wide_data(x + s.first * wide, dtype, [&](const auto* v) {
+        compress::mx_encode(v, s.given, s.covered, float(plan.pre_scale), plan.wire, plan.mx_scale,
+                            reinterpret_cast<uint8_t*>(dst));
+      });
+    };
+    const RankSum sum = [=](const char* const* inputs, char* dst, size_t block, size_t k) {
+      const BlockSpan s(block, k, blocks, count, n);
+      sums->resize(std::max(sums->size(), s.covered));
+      compress::mx_sum(reinterpret_cast<const uint8_t* const*>(inputs), size_t(size), sums->data(), s.covered,
+                       plan.wire);
+      const compress::CensusSamplesPaused not_a_contribution;
+      compress::mx_encode(sums->data(), s.covered, s.covered, 1.0f, plan.wire, plan.mx_scale,
+                          reinterpret_cast<uint8_t*>(dst));
+    };
+    const ShmConsume consume = [=](size_t block, size_t k, const char* result) {
+      const BlockSpan s(block, k, blocks, count, n);
+      if (wrote) *wrote = true;
+      const auto* run = reinterpret_cast<const uint8_t*>(result);
+      if (dtype == at::kDouble) {
+        compress::mx_restore(run, s.covered, reinterpret_cast<double*>(y) + s.first, s.given, float(plan.post_scale),
+                             plan.wire);
+      } else {
+        compress::mx_restore(run, s.covered, reinterpret_cast<float*>(y) + s.first, s.given, float(plan.post_scale),
+                             plan.wire);
+      }
+    };
+    ShmReduction reduction{Parts::equal(blocks, size), compress::mx_bytes(compress::kMxBlock, plan.wire),
+                           timed_producer(produce), timed_reducer(sum), nullptr, ShmReduction::kAll};
+    reduction.consume = timed_consumer(consume);
+    reduce_shm(*shm_, reduction);
+  };
+  step.post = [=](const Buffers& b) {
+    src->reset();
+    if (!direct) unpack(b.workspace, tensor);
+  };
+  return step;
+}
+
+HostPath::Step HostPath::mx_shm_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
+                                                    const Plan& plan) {
+  const int size = size_;
+  const size_t each = output.numel();
+  const size_t blocks = (each + compress::kMxBlock - 1) / compress::kMxBlock;
+  const size_t wide = output.element_size();
+  const at::ScalarType dtype = output.scalar_type();
+  auto srcs = std::make_shared<std::vector<at::Tensor>>();
+  Step step;
+  step.on_shm = true;
+  // This rank's part's fp32 sums, a block's worth of floats for each of its blocks.
+  step.workspace_bytes = blocks * compress::kMxBlock * sizeof(float);
+  step.pre = [=](const Buffers&) {
+    for (const auto& in : inputs) srcs->push_back(in.contiguous());
+  };
+  step.algorithm = [=, this](const Buffers& b) {
+    std::vector<const char*> x;
+    for (const auto& in : *srcs) x.push_back(static_cast<const char*>(in.const_data_ptr()));
+    const ShmProduce produce = [=](size_t block, size_t k, char* dst) {
+      const BlockSpan s(block, k, blocks, each, each * size_t(size));
+      with_wide_data(x[block / blocks] + (s.first % std::max<size_t>(each, 1)) * wide, dtype, [&](const auto* v) {
+        compress::mx_encode(v, s.covered, s.covered, float(plan.pre_scale), plan.wire, plan.mx_scale,
+                            reinterpret_cast<uint8_t*>(dst));
+      });
+    };
+    const RankSum sum = [=](const char* const* in, char* dst, size_t block, size_t k) {
+      const BlockSpan s(block, k, blocks, each, each * size_t(size));
+      compress::mx_sum(reinterpret_cast<const uint8_t* const*>(in), size_t(size), reinterpret_cast<float*>(dst),
+                       s.covered, plan.wire);
+    };
+    reduce_shm(*shm_, {Parts::equal(blocks, size), compress::mx_bytes(compress::kMxBlock, plan.wire),
+                       timed_producer(produce), timed_reducer(sum), b.workspace, ShmReduction::kOwn, 0,
+                       compress::kMxBlock * sizeof(float)});
+  };
+  step.post = [=](const Buffers& b) {
+    srcs->clear();
+    restore_sums_into(reinterpret_cast<const float*>(b.workspace), output, plan);
+  };
+  return step;
+}
 
 HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const Plan& plan) {
   const int size = size_, rank = rank_;

@@ -122,9 +122,12 @@ class HostPath final : public c10d::Backend {
   // The steps of the reductions, shared by their list, tensor and coalesced forms.
   Step allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
-  // Their forms in frames (plan.framed; framed_reductions.cpp): always the all-to-all.
+  // Their forms in frames (plan.framed; framed_reductions.cpp): the all-to-all over the transport, or for
+  // MX blocks on one host, through shared memory.
   Step framed_allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step framed_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
+  Step mx_shm_allreduce_step(const at::Tensor& tensor, const Plan& plan);
+  Step mx_shm_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
   // The stochastic roundings of a step's contributions and of its owners' sums, keyed by how many
   // stochastic reductions of non-empty tensors the group issued before it (compress/stochastic.h).
   std::pair<compress::Dither, compress::Dither> dithers(const Plan& plan, size_t numel);

@@ -26,7 +26,9 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
   const size_t n = tensor.numel();
   const size_t elem = plan.compress ? 2 : tensor.element_size();
   const at::ScalarType dtype = tensor.scalar_type();
-  const AllreduceAlgorithm algorithm = choose_allreduce(int64_t(n * elem), shared_memory(), plan.fp32_sum, plan.framed);
+  const AllreduceAlgorithm algorithm =
+      choose_allreduce(int64_t(n * elem), shared_memory(), plan.fp32_sum, framing_of(plan));
+  if (plan.framed && algorithm == AllreduceAlgorithm::kShm) return mx_shm_allreduce_step(tensor, plan);
   if (plan.framed) return framed_allreduce_step(tensor, plan);
   const bool ring = algorithm == AllreduceAlgorithm::kRing;
   const bool fused = ring && FusedCast::applies(plan, dtype);
@@ -101,7 +103,8 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
   const size_t each = output.numel();
   const size_t elem = plan.compress ? 2 : output.element_size();
   const at::ScalarType dtype = output.scalar_type();
-  const AllreduceAlgorithm algorithm = choose_reduce_scatter(shared_memory(), plan.fp32_sum, plan.framed);
+  const AllreduceAlgorithm algorithm = choose_reduce_scatter(shared_memory(), plan.fp32_sum, framing_of(plan));
+  if (plan.framed && algorithm == AllreduceAlgorithm::kShm) return mx_shm_reduce_scatter_step(inputs, output, plan);
   if (plan.framed) return framed_reduce_scatter_step(inputs, output, plan);
   const bool on_shm = algorithm == AllreduceAlgorithm::kShm;
   const bool fused = algorithm == AllreduceAlgorithm::kRing && FusedCast::applies(plan, dtype);

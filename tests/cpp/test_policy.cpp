@@ -143,11 +143,15 @@ TEST(Policy, Fp32SumsGoAllToAllOffOneHost) {
   EXPECT_EQ(choose_reduce_scatter(SharedMemory::kPerHost, true), AllreduceAlgorithm::kAlltoall);
 }
 
-// Frames have no shared-memory form.
-TEST(Policy, Pow2FramesAlwaysGoAllToAll) {
+// Power-of-two frames have no shared-memory form; MX blocks do.
+TEST(Policy, Pow2FramesAlwaysGoAllToAllAndMxBlocksThroughSharedMemoryOnOneHost) {
   for (SharedMemory shm : {SharedMemory::kNone, SharedMemory::kOneHost, SharedMemory::kPerHost}) {
-    EXPECT_EQ(choose_allreduce(0, shm, true, true), AllreduceAlgorithm::kAlltoall);
-    EXPECT_EQ(choose_reduce_scatter(shm, true, true), AllreduceAlgorithm::kAlltoall);
+    EXPECT_EQ(choose_allreduce(0, shm, true, Framing::kPerPart), AllreduceAlgorithm::kAlltoall);
+    EXPECT_EQ(choose_reduce_scatter(shm, true, Framing::kPerPart), AllreduceAlgorithm::kAlltoall);
+    // MX blocks decode a chunk at a time: through shared memory where every rank has it.
+    const auto blocks = shm == SharedMemory::kOneHost ? AllreduceAlgorithm::kShm : AllreduceAlgorithm::kAlltoall;
+    EXPECT_EQ(choose_allreduce(0, shm, true, Framing::kBlocks), blocks);
+    EXPECT_EQ(choose_reduce_scatter(shm, true, Framing::kBlocks), blocks);
   }
 }
 

@@ -280,6 +280,11 @@ class Context:
         self.groups = {(w, rule): dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(
             wire_dtype=w, min_bytes=0, accumulate="fp32", **({"mx_scale": rule} if rule == "floor" else {})))
             for w, rule in [(w, "rceil") for w in WIRES] + [("mxfp8", "floor")]}
+        self.other_forms = {  # the forms of a tensor each path restores differently
+            "untouched_on_failure": dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(
+                wire_dtype="mxfp8", min_bytes=0, accumulate="fp32", untouched_on_failure=True)),
+            "compress_fp64": dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(
+                wire_dtype="mxfp8", min_bytes=0, accumulate="fp32", compress_fp64=True))}
         self.gen = torch.Generator().manual_seed(29 + rank)
 
     def all_inputs(self, t):
@@ -309,6 +314,24 @@ def allreduce_equals_the_torchao_emulation(ctx):
                 dist.all_reduce(t, op=op, group=g)
                 problem = first_difference(t, want)
                 assert problem is None, f"{wire} {rule} {op} n={n}: {problem}"
+
+
+@case
+def strided_fp64_and_untouched_tensors_get_the_same_blocks(ctx):
+    """A strided view, a tensor restored only once every chunk is in (untouched_on_failure), and fp64
+    values (their SUM: fp64 through fp32 is exact at the scale 1) give the emulation's bits too."""
+    n = 100_003
+    x = ctx.spread(2 * n)
+    want = framed_allreduce([v[::2] for v in ctx.all_inputs(x)], "mxfp8", 1.0)
+    strided = x.clone()[::2]
+    dist.all_reduce(strided, group=ctx.groups[("mxfp8", "rceil")])
+    assert first_difference(strided, want) is None, f"strided: {first_difference(strided, want)}"
+    t = x[::2].clone()
+    dist.all_reduce(t, group=ctx.other_forms["untouched_on_failure"])
+    assert first_difference(t, want) is None, f"untouched_on_failure: {first_difference(t, want)}"
+    wide = x[::2].double()
+    dist.all_reduce(wide, group=ctx.other_forms["compress_fp64"])
+    assert first_difference(wide, want.double()) is None, f"fp64: {first_difference(wide, want.double())}"
 
 
 @case
@@ -357,7 +380,12 @@ def the_wire_carries_a_byte_and_a_32nd_or_half_that(ctx):
         if ctx.engine == "gloo":
             continue  # gloo does not report its transport's bytes
         sent = after["transport_bytes_sent"] - before["transport_bytes_sent"]
-        blocks = 2 * (ctx.world - 1) / ctx.world * n * per_element
+        if ctx.engine == "shm":
+            # Through shared memory a rank publishes its blocks of the others' parts and its own part's
+            # sum, each part's last block counted whole.
+            blocks = n * per_element
+        else:  # the all-to-all and the allgather
+            blocks = 2 * (ctx.world - 1) / ctx.world * n * per_element
         assert blocks <= sent <= blocks + 2 * 256 + 64 * ctx.world, f"{wire}: sent {sent}, expected {blocks:.0f}"
 
 
