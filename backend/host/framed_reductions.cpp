@@ -5,11 +5,12 @@
 // short or empty), as on the composed path, so both paths pick the same exponents and give the same
 // bits.
 //
-// MX blocks on one host go through shared memory instead (mx_shm_*): each block carries its scale, so
-// a chunk of a part's blocks is encoded, summed and decoded on its own. The unit reduce_shm moves is a
-// block (its scale byte and elements: compress::mx_bytes(32)); a piece of k blocks travels as the MX
-// run of the values it covers, which for the part's last block may be short. Parts and blocks are cut
-// exactly as the all-to-all cuts them, so both give the same bits.
+// MX blocks go as a ChunkedReduction instead (mx_*_step): each block carries its scale, so a chunk of
+// a part's blocks is encoded, summed and decoded on its own, through shared memory on one host
+// (reduce_shm) and pipelined over the transport elsewhere (reduce_chunked), the same functions on
+// either. The unit is a block (its scale byte and elements: compress::mx_bytes(32)); a piece of k
+// blocks travels as the MX run of the values it covers, which for the part's last block may be short.
+// Parts and blocks are cut as the composed path's frames cut them, so every path gives the same bits.
 #include "backend/frames.h"
 #include "backend/host/host_path.h"
 #include "backend/host/shm/shm_algorithms.h"
@@ -50,7 +51,7 @@ std::shared_ptr<std::vector<float>> sums_buffer() { return std::make_shared<std:
 
 }  // namespace
 
-HostPath::Step HostPath::mx_shm_allreduce_step(const at::Tensor& tensor, const Plan& plan) {
+HostPath::Step HostPath::mx_allreduce_step(const at::Tensor& tensor, const Plan& plan, bool on_shm) {
   const int size = size_;
   const size_t n = tensor.numel(), count = (n + size - 1) / size;
   const size_t blocks = (count + compress::kMxBlock - 1) / compress::kMxBlock;
@@ -62,7 +63,7 @@ HostPath::Step HostPath::mx_shm_allreduce_step(const at::Tensor& tensor, const P
   auto src = std::make_shared<at::Tensor>();
   auto sums = sums_buffer();
   Step step;
-  step.on_shm = true;
+  step.on_shm = on_shm;
   step.workspace_bytes = direct ? 0 : n * wide;
   if (direct) step.wrote_results = std::make_shared<bool>(false);
   const std::shared_ptr<bool> wrote = step.wrote_results;
@@ -70,7 +71,7 @@ HostPath::Step HostPath::mx_shm_allreduce_step(const at::Tensor& tensor, const P
   step.algorithm = [=, this](const Buffers& b) {
     const char* x = static_cast<const char*>(src->const_data_ptr());
     char* y = direct ? static_cast<char*>(tensor.data_ptr()) : b.workspace;
-    const ShmProduce produce = [=](size_t block, size_t k, char* dst) {
+    const ChunkProduce produce = [=](size_t block, size_t k, char* dst) {
       const BlockSpan s(block, k, blocks, count, n);
       with_wide_data(x + s.first * wide, dtype, [&](const auto* v) {
         compress::mx_encode(v, s.given, s.covered, float(plan.pre_scale), plan.wire, plan.mx_scale,
@@ -86,7 +87,7 @@ HostPath::Step HostPath::mx_shm_allreduce_step(const at::Tensor& tensor, const P
       compress::mx_encode(sums->data(), s.covered, s.covered, 1.0f, plan.wire, plan.mx_scale,
                           reinterpret_cast<uint8_t*>(dst));
     };
-    const ShmConsume consume = [=](size_t block, size_t k, const char* result) {
+    const ChunkConsume consume = [=](size_t block, size_t k, const char* result) {
       const BlockSpan s(block, k, blocks, count, n);
       if (wrote) *wrote = true;
       const auto* run = reinterpret_cast<const uint8_t*>(result);
@@ -98,10 +99,10 @@ HostPath::Step HostPath::mx_shm_allreduce_step(const at::Tensor& tensor, const P
                              plan.wire);
       }
     };
-    ShmReduction reduction{Parts::equal(blocks, size), compress::mx_bytes(compress::kMxBlock, plan.wire),
-                           timed_producer(produce), timed_reducer(sum), nullptr, ShmReduction::kAll};
+    ChunkedReduction reduction{Parts::equal(blocks, size), compress::mx_bytes(compress::kMxBlock, plan.wire),
+                           timed_producer(produce), timed_reducer(sum), nullptr, ChunkedReduction::kAll};
     reduction.consume = timed_consumer(consume);
-    reduce_shm(*shm_, reduction);
+    reduce(reduction, on_shm);
   };
   step.post = [=](const Buffers& b) {
     src->reset();
@@ -110,8 +111,8 @@ HostPath::Step HostPath::mx_shm_allreduce_step(const at::Tensor& tensor, const P
   return step;
 }
 
-HostPath::Step HostPath::mx_shm_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
-                                                    const Plan& plan) {
+HostPath::Step HostPath::mx_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
+                                                const Plan& plan, bool on_shm) {
   const int size = size_;
   const size_t each = output.numel();
   const size_t blocks = (each + compress::kMxBlock - 1) / compress::kMxBlock;
@@ -119,7 +120,7 @@ HostPath::Step HostPath::mx_shm_reduce_scatter_step(const std::vector<at::Tensor
   const at::ScalarType dtype = output.scalar_type();
   auto srcs = std::make_shared<std::vector<at::Tensor>>();
   Step step;
-  step.on_shm = true;
+  step.on_shm = on_shm;
   // This rank's part's fp32 sums, a block's worth of floats for each of its blocks.
   step.workspace_bytes = blocks * compress::kMxBlock * sizeof(float);
   step.pre = [=](const Buffers&) {
@@ -128,7 +129,7 @@ HostPath::Step HostPath::mx_shm_reduce_scatter_step(const std::vector<at::Tensor
   step.algorithm = [=, this](const Buffers& b) {
     std::vector<const char*> x;
     for (const auto& in : *srcs) x.push_back(static_cast<const char*>(in.const_data_ptr()));
-    const ShmProduce produce = [=](size_t block, size_t k, char* dst) {
+    const ChunkProduce produce = [=](size_t block, size_t k, char* dst) {
       const BlockSpan s(block, k, blocks, each, each * size_t(size));
       with_wide_data(x[block / blocks] + (s.first % std::max<size_t>(each, 1)) * wide, dtype, [&](const auto* v) {
         compress::mx_encode(v, s.covered, s.covered, float(plan.pre_scale), plan.wire, plan.mx_scale,
@@ -140,9 +141,9 @@ HostPath::Step HostPath::mx_shm_reduce_scatter_step(const std::vector<at::Tensor
       compress::mx_sum(reinterpret_cast<const uint8_t* const*>(in), size_t(size), reinterpret_cast<float*>(dst),
                        s.covered, plan.wire);
     };
-    reduce_shm(*shm_, {Parts::equal(blocks, size), compress::mx_bytes(compress::kMxBlock, plan.wire),
-                       timed_producer(produce), timed_reducer(sum), b.workspace, ShmReduction::kOwn, 0,
-                       compress::kMxBlock * sizeof(float)});
+    reduce({Parts::equal(blocks, size), compress::mx_bytes(compress::kMxBlock, plan.wire), timed_producer(produce),
+            timed_reducer(sum), b.workspace, ChunkedReduction::kOwn, 0, compress::kMxBlock * sizeof(float)},
+           on_shm);
   };
   step.post = [=](const Buffers& b) {
     srcs->clear();

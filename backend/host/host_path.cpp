@@ -11,6 +11,7 @@
 #include "backend/checks.h"
 #include "backend/errors.h"
 #include "backend/host/executor.h"
+#include "backend/host/shm/shm_algorithms.h"
 #include "backend/host/shm/shm_comm.h"
 #include "backend/host/transport/comm.h"
 #include "backend/host/transport/ucx_transport.h"
@@ -199,9 +200,14 @@ Producer HostPath::timed_producer(Producer produce) { return timed(std::move(pro
 
 RankSum HostPath::timed_reducer(RankSum sum) { return timed(std::move(sum), stats_.reduce_ns); }
 
-ShmProduce HostPath::timed_producer(ShmProduce produce) { return timed(std::move(produce), stats_.cast_ns); }
+ChunkProduce HostPath::timed_producer(ChunkProduce produce) { return timed(std::move(produce), stats_.cast_ns); }
 
-ShmConsume HostPath::timed_consumer(ShmConsume consume) { return timed(std::move(consume), stats_.restore_ns); }
+ChunkConsume HostPath::timed_consumer(ChunkConsume consume) { return timed(std::move(consume), stats_.restore_ns); }
+
+void HostPath::reduce(const ChunkedReduction& reduction, bool on_shm) {
+  if (on_shm) return reduce_shm(*shm_, reduction);
+  reduce_chunked(*comm_, reduction);
+}
 
 c10::intrusive_ptr<c10d::Work> HostPath::submit_p2p(c10d::OpType type, at::Tensor tensor, int peer, int tag,
                                                     bool is_send) {

@@ -116,18 +116,21 @@ class HostPath final : public c10d::Backend {
   Reducer timed_reducer(Reducer reduce);
   Producer timed_producer(Producer produce);
   RankSum timed_reducer(RankSum sum);
-  ShmProduce timed_producer(ShmProduce produce);
+  ChunkProduce timed_producer(ChunkProduce produce);
   // A shared-memory reduction's consumer, timed into restore_ns.
-  ShmConsume timed_consumer(ShmConsume consume);
+  ChunkConsume timed_consumer(ChunkConsume consume);
   // The steps of the reductions, shared by their list, tensor and coalesced forms.
   Step allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
-  // Their forms in frames (plan.framed; framed_reductions.cpp): the all-to-all over the transport, or for
-  // MX blocks on one host, through shared memory.
+  // Their forms in frames (plan.framed; framed_reductions.cpp): power-of-two frames in an all-to-all over
+  // the transport; MX blocks chunked, through shared memory (on_shm) or over the transport.
   Step framed_allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step framed_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
-  Step mx_shm_allreduce_step(const at::Tensor& tensor, const Plan& plan);
-  Step mx_shm_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
+  Step mx_allreduce_step(const at::Tensor& tensor, const Plan& plan, bool on_shm);
+  Step mx_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan,
+                              bool on_shm);
+  // Runs a chunked reduction through shared memory or over the transport.
+  void reduce(const ChunkedReduction& reduction, bool on_shm);
   // The stochastic roundings of a step's contributions and of its owners' sums, keyed by how many
   // stochastic reductions of non-empty tensors the group issued before it (compress/stochastic.h).
   std::pair<compress::Dither, compress::Dither> dithers(const Plan& plan, size_t numel);

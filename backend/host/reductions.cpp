@@ -28,7 +28,7 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
   const at::ScalarType dtype = tensor.scalar_type();
   const AllreduceAlgorithm algorithm =
       choose_allreduce(int64_t(n * elem), shared_memory(), plan.fp32_sum, framing_of(plan));
-  if (plan.framed && algorithm == AllreduceAlgorithm::kShm) return mx_shm_allreduce_step(tensor, plan);
+  if (framing_of(plan) == Framing::kBlocks) return mx_allreduce_step(tensor, plan, algorithm == AllreduceAlgorithm::kShm);
   if (plan.framed) return framed_allreduce_step(tensor, plan);
   const bool ring = algorithm == AllreduceAlgorithm::kRing;
   const bool fused = ring && FusedCast::applies(plan, dtype);
@@ -58,10 +58,10 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
       const char* x = static_cast<const char*>(src->const_data_ptr());
       const size_t wide = src->element_size();
       auto source = [=](size_t i) { return x + i * wide; };
-      ShmReduction local{Parts::even(n, shm_->size()), elem,
+      ChunkedReduction local{Parts::even(n, shm_->size()), elem,
                          timed_producer(shm_producer(source, plan, dtype, contributions)),
                          timed_reducer(rank_sum(plan, dtype, shm_->size(), sums)), b.workspace,
-                         ShmReduction::kAll};
+                         ChunkedReduction::kAll};
       if (direct) {
         // *src is the tensor itself (contiguous).
         local.consume = timed_consumer([consume = shm_consumer(static_cast<char*>(tensor.data_ptr()), plan, dtype),
@@ -104,7 +104,9 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
   const size_t elem = plan.compress ? 2 : output.element_size();
   const at::ScalarType dtype = output.scalar_type();
   const AllreduceAlgorithm algorithm = choose_reduce_scatter(shared_memory(), plan.fp32_sum, framing_of(plan));
-  if (plan.framed && algorithm == AllreduceAlgorithm::kShm) return mx_shm_reduce_scatter_step(inputs, output, plan);
+  if (framing_of(plan) == Framing::kBlocks) {
+    return mx_reduce_scatter_step(inputs, output, plan, algorithm == AllreduceAlgorithm::kShm);
+  }
   if (plan.framed) return framed_reduce_scatter_step(inputs, output, plan);
   const bool on_shm = algorithm == AllreduceAlgorithm::kShm;
   const bool fused = algorithm == AllreduceAlgorithm::kRing && FusedCast::applies(plan, dtype);
@@ -141,9 +143,9 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
       const size_t wide = output.element_size();
       auto source = [x, each, wide](size_t i) { return x[i / each] + i % each * wide; };
       const RankSum sum = plan.fp32_sum ? fp32_rank_sum(plan, size) : rank_sum(plan, dtype, size);
-      const ShmProduce produce = shm_producer(source, plan, dtype, contributions);
+      const ChunkProduce produce = shm_producer(source, plan, dtype, contributions);
       return reduce_shm(*shm_, {parts, elem, timed_producer(produce), timed_reducer(sum), b.workspace + result_at,
-                                ShmReduction::kOwn, 0, plan.fp32_sum ? sizeof(float) : 0});
+                                ChunkedReduction::kOwn, 0, plan.fp32_sum ? sizeof(float) : 0});
     }
     if (algorithm == AllreduceAlgorithm::kAlltoall) {
       return reduce_scatter_alltoall(*comm_, b.workspace, parts, elem, timed_reducer(fp32_rank_sum(plan, size)),
@@ -237,7 +239,7 @@ c10::intrusive_ptr<c10d::Work> HostPath::reduce(std::vector<at::Tensor>& tensors
       return reduce_shm(*shm_, {Parts::even(t.numel(), size_), elem,
                                 timed_producer(shm_producer(source, plan, t.scalar_type())),
                                 timed_reducer(rank_sum(plan, t.scalar_type(), size_)), b.workspace,
-                                ShmReduction::kRoot, root});
+                                ChunkedReduction::kRoot, root});
     }
     reduce_direct(*comm_, b.workspace, t.numel(), t.element_size(), root,
                   timed_reducer(reducer(plan, t.scalar_type())));

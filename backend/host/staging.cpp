@@ -84,7 +84,7 @@ Reducer reducer(const Plan& plan, at::ScalarType dtype) {
   };
 }
 
-ShmProduce shm_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype,
+ChunkProduce shm_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype,
                         const compress::Dither& dither) {
   if (!plan.compress) {
     const size_t elem = at::elementSize(dtype);
@@ -102,7 +102,7 @@ ShmProduce shm_producer(std::function<const char*(size_t index)> source, const P
   };
 }
 
-ShmConsume shm_consumer(char* dst, const Plan& plan, at::ScalarType dtype) {
+ChunkConsume shm_consumer(char* dst, const Plan& plan, at::ScalarType dtype) {
   const size_t elem = at::elementSize(dtype);
   if (!plan.compress) {
     return [dst, plan, dtype, elem](size_t offset, size_t count, const char* result) {
@@ -114,7 +114,9 @@ ShmConsume shm_consumer(char* dst, const Plan& plan, at::ScalarType dtype) {
   return [dst, plan, dtype, elem](size_t offset, size_t count, const char* result) {
     const auto* wire = reinterpret_cast<const uint16_t*>(result);
     char* y = dst + offset * elem;
-    if (dtype == at::kFloat) return compress::restore(wire, reinterpret_cast<float*>(y), count, float(plan.post_scale), plan.wire);
+    if (dtype == at::kFloat) {
+      return compress::restore(wire, reinterpret_cast<float*>(y), count, float(plan.post_scale), plan.wire);
+    }
     compress::restore(wire, reinterpret_cast<double*>(y), count, float(plan.post_scale), plan.wire);
   };
 }

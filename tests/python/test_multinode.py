@@ -12,8 +12,6 @@ elsewhere. CI sets CNCCL_REQUIRE_NETNS=1, which turns that skip into a failure.
 """
 
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -21,82 +19,12 @@ import sys
 import pytest
 import torch
 
+from hosts import Nodes, unavailable
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "examples", "train_ddp.py")
 STEPS = 8
 TIMEOUT = 420
-
-
-def ip(*args, netns=None, check=True):
-    cmd = ["ip"] + (["netns", "exec", netns, "ip"] if netns else []) + list(args)
-    return subprocess.run(cmd, capture_output=True, text=True, check=check)
-
-
-def unavailable():
-    """Why namespaces cannot be made here, or None."""
-    if shutil.which("ip") is None:
-        return "the `ip` command (iproute2) is not installed"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN)"
-    probe = f"cnccl-probe-{os.getpid()}"
-    made = ip("netns", "add", probe, check=False)
-    if made.returncode != 0:
-        return f"`ip netns add` failed (missing CAP_NET_ADMIN/CAP_SYS_ADMIN?): {made.stderr.strip()}"
-    ip("netns", "del", probe, check=False)
-    return None
-
-
-class Nodes:
-    """Namespaces `a` and `b`, joined by veth devices on 10.213.<n>.1 and .2; removed on close."""
-
-    def __init__(self):
-        tag = os.getpid() % 10000
-        self.ns = [f"cnccl-a-{tag}", f"cnccl-b-{tag}"]
-        self.dev = [f"cna{tag}", f"cnb{tag}"]
-        self.addr = [f"10.213.{tag % 250}.1", f"10.213.{tag % 250}.2"]
-        self.procs = []
-        try:
-            for ns in self.ns:
-                ip("netns", "add", ns)
-            ip("link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
-            for ns, dev, addr in zip(self.ns, self.dev, self.addr):
-                ip("link", "set", dev, "netns", ns)
-                ip("addr", "add", f"{addr}/24", "dev", dev, netns=ns)
-                ip("link", "set", dev, "up", netns=ns)
-                ip("link", "set", "lo", "up", netns=ns)
-        except BaseException:
-            self.close()
-            raise
-
-    def bytes_through(self, node):
-        """Bytes the node's veth end has sent and received."""
-        stats = f"/sys/class/net/{self.dev[node]}/statistics/"
-        out = subprocess.run(["ip", "netns", "exec", self.ns[node], "cat", stats + "tx_bytes", stats + "rx_bytes"],
-                             capture_output=True, text=True, check=True).stdout.split()
-        return int(out[0]) + int(out[1])
-
-    def start(self, node, cmd, env, log):
-        # Each node in its own IPC namespace as well, as on two machines: cnccl then finds that the
-        # nodes cannot share memory and runs over UCX between all ranks.
-        proc = subprocess.Popen(["ip", "netns", "exec", self.ns[node], "unshare", "--ipc"] + cmd, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def close(self):
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for ns in self.ns:
-            # Anything still inside (a stray rank) dies with it.
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            ip("netns", "del", ns, check=False)
 
 
 def torchrun(*args):

@@ -81,4 +81,36 @@ using RankSum = std::function<void(const char* const* inputs, char* dst, size_t 
 void reduce_scatter_alltoall(Comm& comm, char* data, const Parts& parts, size_t elem, const RankSum& sum, char* out,
                              uint32_t slot_base = 0);
 
+// A reduction cut into chunks (reduce_chunked here, reduce_shm in shared memory): every rank's
+// contribution to the units of `parts` (a unit: an element, or an MX block), reduced in rank order, lands in
+// `out` (unit e at out + e * out_elem) on the ranks `deliver` names: all of them (allreduce), each its own
+// part (reduce_scatter: `out` then holds that part alone, from its first unit), or the root. Each chunk
+// is produced, summed and delivered on its own, so neighbouring chunks overlap. `produce` and `sum` work
+// unit by unit (an MX block is encoded alone), so where the forms cut chunks changes no bit: the same
+// functions give the same results through either.
+// Writes this rank's contribution to units [offset, offset + count) to `dst`, as sent.
+using ChunkProduce = std::function<void(size_t offset, size_t count, char* dst)>;
+// Takes `count` reduced units, unit `offset` first, from `result` (as `sum` wrote them).
+using ChunkConsume = std::function<void(size_t offset, size_t count, const char* result)>;
+struct ChunkedReduction {
+  Parts parts;
+  size_t elem;
+  ChunkProduce produce;
+  RankSum sum;
+  char* out;
+  enum Deliver { kAll, kOwn, kRoot } deliver = kAll;
+  int root = 0;
+  // Bytes per result unit when `sum` writes a wider type than it reads (an fp32 sum of 16-bit
+  // contributions, kOwn only); 0: `elem`.
+  size_t out_elem = 0;
+  // kAll: where set, results go here chunk by chunk (an allreduce restoring into the caller's
+  // tensor), instead of to `out`.
+  ChunkConsume consume = nullptr;
+};
+// Over the transport: each chunk's pieces go to their owners, which sum them as they arrive and
+// (kAll) send the results back; while an owner waits for chunk k it has already sent chunk k+1, so
+// casting, sending, summing and restoring overlap, and every rank sends and receives at once. kAll
+// and kOwn only. Uses message slots [slot_base, tags::kSecondPhase) and as many from kSecondPhase.
+void reduce_chunked(Comm& comm, const ChunkedReduction& reduction, uint32_t slot_base = 0);
+
 }  // namespace cnccl::host

@@ -5,10 +5,10 @@
 
 namespace cnccl::host {
 
-void allreduce_hierarchical(ShmComm& shm, Comm& across, const ShmReduction& local, const Reducer& reduce) {
+void allreduce_hierarchical(ShmComm& shm, Comm& across, const ChunkedReduction& local, const Reducer& reduce) {
   char* mine = local.out + local.parts.offset[shm.rank()] * local.elem;
-  ShmReduction scatter = local;
-  scatter.deliver = ShmReduction::kOwn;
+  ChunkedReduction scatter = local;
+  scatter.deliver = ChunkedReduction::kOwn;
   scatter.out = mine;
   reduce_shm(shm, scatter);
   const size_t count = local.parts.length[shm.rank()];

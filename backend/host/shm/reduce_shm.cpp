@@ -1,9 +1,9 @@
 // Reductions through shared memory (docs/design.md, "Shared memory"). The elements are cut into
 // one part per rank; chunk k takes the k-th piece of every part. Per chunk: every rank writes its
-// contribution to all pieces into its own slot (ShmProducer: the cast happens here, from the
+// contribution to all pieces into its own slot (ChunkProducer: the cast happens here, from the
 // caller's tensor, while the slot stays in cache), the owner of part p sums every rank's piece p
 // in rank order (RankSum) into its result area, and every rank copies the owners' results out (or
-// hands them to ShmReduction::consume, which restores them into the caller's tensor). A rank
+// hands them to ChunkedReduction::consume, which restores them into the caller's tensor). A rank
 // publishes chunk k+1 before it waits for chunk k's results.
 // Small reductions take one chunk in which every rank sums every piece itself: one wait.
 #include <algorithm>
@@ -21,21 +21,21 @@ constexpr size_t kOneShotBytes = size_t(64) << 10;
 
 }  // namespace
 
-void reduce_shm(ShmComm& shm, const ShmReduction& r) {
+void reduce_shm(ShmComm& shm, const ChunkedReduction& r) {
   const int size = shm.size(), rank = shm.rank();
   const size_t max_length = r.parts.max_length();
   const bool one_shot = max_length * size * r.elem <= std::min(kOneShotBytes, ShmComm::kSlotBytes);
   const size_t chunk = one_shot ? max_length : ShmComm::piece_elements(size, r.elem, shm.chunk_bytes());
   const size_t chunks = one_shot ? 1 : (max_length + chunk - 1) / chunk;
   auto wanted = [&](int part) {
-    return r.deliver == ShmReduction::kAll || (r.deliver == ShmReduction::kOwn ? part == rank : rank == r.root);
+    return r.deliver == ChunkedReduction::kAll || (r.deliver == ChunkedReduction::kOwn ? part == rank : rank == r.root);
   };
   auto count = [&](size_t k, int part) {
     return std::min(chunk, r.parts.length[part] - std::min(k * chunk, r.parts.length[part]));
   };
   auto at = [&](char* base, int part) { return base + part * chunk * r.elem; };
   auto out = [&](size_t k, int part) {
-    const size_t index = r.deliver == ShmReduction::kOwn ? k * chunk : r.parts.offset[part] + k * chunk;
+    const size_t index = r.deliver == ChunkedReduction::kOwn ? k * chunk : r.parts.offset[part] + k * chunk;
     return r.out + index * (r.out_elem ? r.out_elem : r.elem);
   };
   std::vector<const char*> inputs(size);
@@ -74,7 +74,7 @@ void reduce_shm(ShmComm& shm, const ShmReduction& r) {
         sum_piece(k, part, step, result);
         deliver(k, part, result);
       }
-    } else if (r.deliver == ShmReduction::kOwn) {
+    } else if (r.deliver == ChunkedReduction::kOwn) {
       if (count(k, rank)) sum_piece(k, rank, step, out(k, rank));
     } else {
       if (count(k, rank)) sum_piece(k, rank, step, shm.result(rank, step));
@@ -83,7 +83,7 @@ void reduce_shm(ShmComm& shm, const ShmReduction& r) {
       // The next chunk's contributions go out before this one's results are awaited: the wait then
       // overlaps the peers' lag with useful work instead of idling (the slots alternate).
       if (k + 1 < chunks) next = start(k + 1);
-      if (r.deliver == ShmReduction::kAll || rank == r.root) {
+      if (r.deliver == ChunkedReduction::kAll || rank == r.root) {
         shm.wait_all(ShmComm::kReduced, step);
         for (int part = 0; part < size; ++part) {
           if (count(k, part)) deliver(k, part, shm.result(part, step));

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -19,6 +20,23 @@ void check_ucs(ucs_status_t status, const char* what) {
   if (status != UCS_OK) {
     C10_THROW_ERROR(DistBackendError, std::string("cnccl: UCX ") + what + " failed: " + ucs_status_string(status));
   }
+}
+
+// Whether UCX can reach another host only through sockets: no RDMA device on this host, or a
+// UCX_TLS that names no RDMA transport.
+bool sockets_between_hosts() {
+  if (const char* tls = std::getenv("UCX_TLS")) {
+    std::string list(tls);
+    if (!list.empty() && list[0] == '^') return false;  // an exclusion list leaves RDMA in
+    for (const char* rdma : {"rc", "dc", "ud", "ib"}) {
+      for (size_t at = list.find(rdma); at != std::string::npos; at = list.find(rdma, at + 1)) {
+        if (at == 0 || list[at - 1] == ',') return false;
+      }
+    }
+    return true;
+  }
+  std::error_code error;
+  return std::filesystem::is_empty("/sys/class/infiniband", error) || error;
 }
 
 // One UCX context per process, shared by every group's worker: contexts are heavy (they map
@@ -38,6 +56,11 @@ std::shared_ptr<ucp_context> shared_context() {
       !std::getenv("UCX_SYSV_RX_BUFS_GROW")) {
     ucp_config_modify(config, "MM_RX_BUFS_GROW", "64");
   }
+  // Over TCP a rendezvous costs a control message each way, and in a ring each one queues behind
+  // the megabytes of the step's data flowing the other way in the same socket: the link idled a
+  // third of the time (docs/benchmarks.md, "Across a link"). Eager messages stream with no
+  // handshake. Over RDMA rendezvous is zero-copy and stays. A user's own setting wins.
+  if (!std::getenv("UCX_RNDV_THRESH") && sockets_between_hosts()) ucp_config_modify(config, "RNDV_THRESH", "inf");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
   // WAKEUP lets a waiting rank sleep in the kernel until a message arrives instead of polling.

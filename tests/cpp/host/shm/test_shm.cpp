@@ -63,8 +63,8 @@ void expect_no_errors(const std::vector<std::string>& errors) {
 // Counts that exercise the one-shot form, zero-length parts, uneven parts and many chunks.
 const std::vector<size_t> kCounts{0, 1, 7, 1000, 1001, 40000, (size_t(1) << 19) + 3};
 
-ShmReduction int32_sum(const std::vector<int32_t>& mine, int32_t* out, size_t count, int size,
-                       ShmReduction::Deliver deliver, int root = 0) {
+ChunkedReduction int32_sum(const std::vector<int32_t>& mine, int32_t* out, size_t count, int size,
+                       ChunkedReduction::Deliver deliver, int root = 0) {
   return {Parts::even(count, size), 4,
           [&mine](size_t offset, size_t n, char* dst) { std::memcpy(dst, mine.data() + offset, n * 4); },
           [size](const char* const* in, char* dst, size_t /*first*/, size_t n) {
@@ -80,7 +80,7 @@ TEST(Shm, AllreduceSumsEverywhere) {
       std::vector<std::vector<int32_t>> out(size, std::vector<int32_t>(count, 12345));
       expect_no_errors(on_shm_ranks(size, [&](ShmComm& shm) {
         const auto mine = contribution(shm.rank(), count);
-        reduce_shm(shm, int32_sum(mine, out[shm.rank()].data(), count, size, ShmReduction::kAll));
+        reduce_shm(shm, int32_sum(mine, out[shm.rank()].data(), count, size, ChunkedReduction::kAll));
       }));
       for (int r = 0; r < size; ++r) {
         for (size_t i = 0; i < count; ++i) {
@@ -98,7 +98,7 @@ TEST(Shm, ReduceScatterDeliversEachRankItsOwnPartAlone) {
       std::vector<std::vector<int32_t>> out(size, std::vector<int32_t>(count, 12345));
       expect_no_errors(on_shm_ranks(size, [&](ShmComm& shm) {
         const auto mine = contribution(shm.rank(), count);
-        reduce_shm(shm, int32_sum(mine, out[shm.rank()].data(), count, size, ShmReduction::kOwn));
+        reduce_shm(shm, int32_sum(mine, out[shm.rank()].data(), count, size, ChunkedReduction::kOwn));
       }));
       // The own part lands from out[0]; nothing past it is written.
       for (int r = 0; r < size; ++r) {
@@ -118,7 +118,7 @@ TEST(Shm, ReduceDeliversToTheRootOnly) {
     std::vector<std::vector<int32_t>> out(size, std::vector<int32_t>(count, 12345));
     expect_no_errors(on_shm_ranks(size, [&](ShmComm& shm) {
       const auto mine = contribution(shm.rank(), count);
-      reduce_shm(shm, int32_sum(mine, out[shm.rank()].data(), count, size, ShmReduction::kRoot, root));
+      reduce_shm(shm, int32_sum(mine, out[shm.rank()].data(), count, size, ChunkedReduction::kRoot, root));
     }));
     for (int r = 0; r < size; ++r) {
       for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[r][i], r == root ? sum_over_ranks(size, i) : 12345);
@@ -140,7 +140,7 @@ void check_wire_sum_is_fp32_in_rank_order_rounded_once(compress::Wire wire) {
       expect_no_errors(on_shm_ranks(size, [&](ShmComm& shm) {
         std::vector<float> mine(count);
         for (size_t i = 0; i < count; ++i) mine[i] = value(shm.rank(), i);
-        ShmReduction r{Parts::even(count, size), 2,
+        ChunkedReduction r{Parts::even(count, size), 2,
                        [&](size_t offset, size_t n, char* dst) {
                          compress::cast(mine.data() + offset, reinterpret_cast<uint16_t*>(dst), n, 1.0f, wire);
                        },
@@ -148,7 +148,7 @@ void check_wire_sum_is_fp32_in_rank_order_rounded_once(compress::Wire wire) {
                          compress::sum(reinterpret_cast<const uint16_t* const*>(in), size,
                                        reinterpret_cast<uint16_t*>(dst), n, wire);
                        },
-                       reinterpret_cast<char*>(out[shm.rank()].data()), ShmReduction::kAll};
+                       reinterpret_cast<char*>(out[shm.rank()].data()), ChunkedReduction::kAll};
         reduce_shm(shm, r);
       }));
       for (size_t i = 0; i < count; ++i) {
@@ -216,7 +216,7 @@ TEST(Shm, DisagreeingSignaturesFailEveryRankBeforeAnyDataIsRead) {
         auto& result = results[shm.rank()];
         result.assign(count, 7);
         const auto mine = contribution(shm.rank(), count);
-        reduce_shm(shm, int32_sum(mine, result.data(), count, size, ShmReduction::kAll));
+        reduce_shm(shm, int32_sum(mine, result.data(), count, size, ChunkedReduction::kAll));
       },
       [](int r) { return r == 2 ? "count=300000" : "count=1000"; });
   for (int r = 0; r < size; ++r) {

@@ -1,0 +1,297 @@
+"""Allreduce across a link: two hosts simulated on this machine (network namespaces joined by a veth
+pair, each host in an IPC namespace of its own, tests/python/hosts.py), the link shaped with
+`tc ... tbf rate R`, 1 and 2 ranks a host. Every wire of cnccl beside gloo fp32 and gloo running
+`fp16_compress_hook`'s math (cast to fp16 and divide, allreduce on gloo, copy back), interleaved
+trial after trial, medians. Ratios are gloo fp32's time over each variant's.
+
+The link's bound for a variant is the bytes it put through the link (rank 0's host's veth counters,
+the larger direction, headers included) over the rate; `fill` is that bound over the variant's time
+(1.0: the link never idled). The bound of a wire of b bytes an element is about b/4 of fp32's.
+
+Needs root, `ip` and `tc` (iproute2); prints why and exits 0 elsewhere. UCX runs over TCP only
+(namespaces do not isolate UCX's shared-memory transports), as tests/python/test_multinode.py does.
+
+Usage: python3 bench/link.py [--rates 1,2.5,10] [--ranks-per-host 1,2] [--sizes 1M,4M,16M,64M]
+                             [--trials 5] [--json FILE] [--readme]
+(--readme rewrites the README's link section between its markers.)
+"""
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+
+RESULTS = os.path.join(HERE, "results")
+README = os.path.join(ROOT, "README.md")
+BEGIN, END = "<!-- link:begin -->", "<!-- link:end -->"
+GLOO, HOOK = "gloo-fp32", "gloo-hook"
+# cnccl's variants: every wire, each with the options it needs (README, options table).
+WIRES = {
+    "none": dict(wire_dtype="none"),
+    "fp16": dict(wire_dtype="fp16"),
+    "bf16": dict(wire_dtype="bf16"),
+    "fp16-pow2": dict(wire_dtype="fp16", accumulate="fp32", scaling="pow2"),
+    "e4m3": dict(wire_dtype="e4m3", accumulate="fp32", scaling="pow2"),
+    "e5m2": dict(wire_dtype="e5m2", accumulate="fp32", scaling="pow2"),
+    "mxfp8": dict(wire_dtype="mxfp8", accumulate="fp32"),
+    "mxfp8_e5m2": dict(wire_dtype="mxfp8_e5m2", accumulate="fp32"),
+    "mxfp4": dict(wire_dtype="mxfp4", accumulate="fp32"),
+}
+# (ranks a host, Gbit/s, size, wire, ratio to gloo fp32 at least)
+GOALS = [(1, 2.5, 64 << 20, "none", 0.95), (1, 2.5, 64 << 20, "fp16", 1.9), (1, 2.5, 64 << 20, "e4m3", 3.5),
+         (1, 2.5, 64 << 20, "mxfp8", 3.5), (1, 2.5, 64 << 20, "mxfp4", 6.0),
+         (1, 10, 64 << 20, "none", 0.95), (1, 10, 64 << 20, "fp16", 1.8), (1, 10, 64 << 20, "mxfp8", 2.5),
+         (1, 10, 64 << 20, "mxfp4", 3.0)]
+JOB_TIMEOUT = 900
+
+
+def parse_size(s):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
+
+
+def label(nbytes):
+    return f"{nbytes >> 20}M" if nbytes >= 1 << 20 else f"{nbytes >> 10}K"
+
+
+def link_bytes(dev):
+    stats = f"/sys/class/net/{dev}/statistics/"
+    return [int(open(stats + name).read()) for name in ("tx_bytes", "rx_bytes")]
+
+
+PHASES = ("cast", "reduce", "transfer", "restore")
+
+
+def worker(sizes, trials, wires, out):
+    """One rank, inside its host's namespaces; rank 0 writes the rows to `out`."""
+    import torch
+    import torch.distributed as dist
+
+    import cnccl
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    os.sched_setaffinity(0, {rank % os.cpu_count()})
+    dist.init_process_group("gloo")
+    groups = {GLOO: dist.group.WORLD, HOOK: dist.group.WORLD}
+    for wire in wires:
+        groups[wire] = dist.new_group(backend="cnccl", pg_options=cnccl.Options(**WIRES[wire]))
+    dev = os.environ["CNCCL_BENCH_LINK_DEV"]
+    rows = []
+    for nbytes in sizes:
+        x = torch.randn(nbytes // 4)
+        reps = max(1, (8 << 20) // nbytes)
+        times = {name: [] for name in groups}
+        crossed = {name: [0, 0] for name in groups}
+        phases = {name: dict.fromkeys(PHASES, 0.0) for name in wires}
+        for trial in range(trials + 1):  # the first round warms every variant up
+            for name, group in groups.items():
+                dist.barrier(group=dist.group.WORLD)
+                before = link_bytes(dev)
+                stats = cnccl.stats(group) if name in phases else None
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    if name == HOOK:
+                        wire = x.to(torch.float16).div_(world)
+                        dist.all_reduce(wire)
+                        x.copy_(wire)
+                    else:
+                        dist.all_reduce(x, group=group)
+                elapsed = time.perf_counter() - t0
+                after = link_bytes(dev)
+                if trial > 0:
+                    times[name].append(elapsed / reps)
+                    for i in range(2):
+                        crossed[name][i] += (after[i] - before[i]) / (reps * trials)
+                    if stats is not None:
+                        now = cnccl.stats(group)
+                        for p in PHASES:
+                            phases[name][p] += (now[p + "_ns"] - stats[p + "_ns"]) / 1e9 / (reps * trials)
+                x.normal_()
+        rows.append({"bytes": nbytes, "seconds": {n: statistics.median(t) for n, t in times.items()},
+                     "link_bytes": crossed, "phases_s": phases})
+    if rank == 0:
+        transport = cnccl.config(groups[wires[0]])["cpu_transport"]
+        with open(out, "w") as f:
+            json.dump({"rows": rows, "cpu_transport": transport}, f)
+    dist.destroy_process_group()
+
+
+def job(nodes, per_host, sizes, trials, wires, logdir):
+    """Runs one job of 2 x per_host ranks on the nodes as they are shaped now; returns rank 0's rows."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = 20000 + probe.getsockname()[1] % 20000
+    out = os.path.join(logdir, f"rows-{per_host}.json")
+    if os.path.exists(out):
+        os.remove(out)
+    procs, logs = [], []
+    for node in range(2):
+        for local in range(per_host):
+            rank = node * per_host + local
+            env = {k: v for k, v in os.environ.items() if k != "UCX_NET_DEVICES"}
+            env.update(RANK=str(rank), WORLD_SIZE=str(2 * per_host), LOCAL_RANK=str(local),
+                       LOCAL_WORLD_SIZE=str(per_host), MASTER_ADDR=nodes.addr[0], MASTER_PORT=str(port),
+                       GLOO_SOCKET_IFNAME=nodes.dev[node], UCX_TLS="tcp", OMP_NUM_THREADS="1",
+                       CNCCL_BENCH_LINK_DEV=nodes.dev[node])
+            logs.append(os.path.join(logdir, f"rank{rank}.log"))
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--sizes",
+                   ",".join(str(s) for s in sizes), "--trials", str(trials), "--wires", ",".join(wires), "--out", out]
+            with open(logs[-1], "w") as log:
+                procs.append(nodes.start(node, cmd, env, log))
+    try:
+        codes = [p.wait(timeout=JOB_TIMEOUT) for p in procs]
+    except subprocess.TimeoutExpired:
+        codes = None
+    if codes != [0] * len(procs):
+        tails = "\n".join(f"--- {path}\n" + open(path).read()[-3000:] for path in logs)
+        raise SystemExit(f"link job failed (exit codes {codes}):\n{tails}")
+    nodes.procs.clear()
+    with open(out) as f:
+        return json.load(f)
+
+
+def derive(rows, gbit):
+    """Adds ratios to gloo fp32, each variant's link bound and fill."""
+    for row in rows:
+        t = row["seconds"]
+        row["ratio"] = {n: t[GLOO] / t[n] for n in t}
+        row["bound_s"] = {n: max(b) * 8 / (gbit * 1e9) for n, b in row["link_bytes"].items()}
+        row["fill"] = {n: row["bound_s"][n] / t[n] for n in t}
+    return rows
+
+
+def table(per_host, gbit, rows, trials, transport):
+    variants = list(rows[0]["seconds"])
+    lines = [f"2 hosts x {per_host} rank{'s' if per_host > 1 else ''}, {gbit:g} Gbit/s, fp32 SUM allreduce, median "
+             f"of {trials}; cnccl's transport: {transport}. Each cell: ms, ratio to gloo fp32, fill of the link "
+             "(its bound, bytes through the link / rate, over the time)"]
+    lines.append(f"{'size':>5} " + " ".join(f"{n:>20}" for n in variants))
+    for row in rows:
+        cells = " ".join(f"{row['seconds'][n] * 1e3:7.1f} {row['ratio'][n]:5.2f}x {row['fill'][n]:4.2f}"
+                         for n in variants)
+        lines.append(f"{label(row['bytes']):>5} {cells}")
+    big = rows[-1]
+    lines.append(f"bytes through the link per call at {label(big['bytes'])} (larger direction, MiB): " +
+                 ", ".join(f"{n} {max(big['link_bytes'][n]) / 2**20:.1f}" for n in variants))
+    lines.append("rank 0's time per call by phase at each size, ms (cnccl.stats: " + "/".join(PHASES) + ")")
+    for row in rows:
+        lines.append(f"{label(row['bytes']):>5} " + ", ".join(
+            f"{n} " + "/".join(f"{row['phases_s'][n][p] * 1e3:.1f}" for p in PHASES) for n in row["phases_s"]))
+    return "\n".join(lines)
+
+
+def goals(results):
+    out = []
+    for per_host, gbit, size, wire, target in GOALS:
+        rows = results.get(f"{per_host}x{gbit:g}")
+        row = next((r for r in rows or [] if r["bytes"] == size), None)
+        if row is None or wire not in row["ratio"]:
+            continue
+        out.append((f"2 hosts x {per_host}, {gbit:g} Gbit/s, {label(size)}, cnccl {wire} vs gloo fp32",
+                    row["ratio"][wire], target, row["fill"][wire]))
+    return out
+
+
+def readme_section(data):
+    res = data["results"]
+    m = data["machine"]
+    lines = [BEGIN, "", f"Regenerate with `sudo python3 bench/link.py --readme` ({m['cores']}-core machine, "
+             f"{m['cpu']}, {m['date']}, torch {m['torch']}; medians of {data['trials']} interleaved trials). "
+             "Two hosts are network namespaces joined by a veth pair shaped with `tc tbf`; UCX over TCP. "
+             "Each cell is the ratio to gloo fp32 (higher is faster) and, in brackets, the link's fill: the time the "
+             "variant's bytes need at the rate over the time it took (above 1 at small sizes: the token bucket lets a "
+             "burst of 1 ms of the rate through at once).", ""]
+    lines += ["| goal | measured | target | fill | |", "|---|---|---|---|---|"]
+    for name, value, target, fill in goals(res):
+        lines.append(f"| {name} | {value:.2f}x | >= {target:g}x | {fill:.2f} | {'met' if value >= target else 'not met'} |")
+    for key, rows in res.items():
+        per_host, gbit = key.split("x")
+        variants = list(rows[0]["seconds"])
+        lines += ["", f"2 hosts x {per_host} rank{'s' if per_host != '1' else ''} a host, {gbit} Gbit/s", "",
+                  "| size | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+        for row in rows:
+            lines.append(f"| {label(row['bytes'])} | " +
+                         " | ".join(f"{row['ratio'][n]:.2f}x ({row['fill'][n]:.2f})" for n in variants) + " |")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def machine():
+    import platform
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.machine())
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rates", default="1,2.5,10", help="Gbit/s, comma-separated")
+    parser.add_argument("--ranks-per-host", default="1,2")
+    parser.add_argument("--sizes", default="1M,4M,16M,64M")
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--wires", default=",".join(WIRES), help="cnccl's variants to run beside gloo's")
+    parser.add_argument("--json", default=os.path.join(RESULTS, "link.json"))
+    parser.add_argument("--readme", action="store_true", help="rewrite the README's link section")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    wires = args.wires.split(",")
+    unknown = [w for w in wires if w not in WIRES]
+    if unknown:
+        sys.exit(f"unknown wires {unknown}; known: {', '.join(WIRES)}")
+    if args.worker:
+        worker(sizes, args.trials, wires, args.out)
+        return
+    from hosts import Nodes, unavailable
+
+    why = unavailable(("ip", "tc"))
+    if why:
+        print(f"bench/link.py skipped: {why}")
+        return
+    results, transports = {}, {}
+    nodes = Nodes()
+    try:
+        with tempfile.TemporaryDirectory(prefix="cnccl-link-") as logdir:
+            for per_host in (int(p) for p in args.ranks_per_host.split(",")):
+                for gbit in (float(r) for r in args.rates.split(",")):
+                    nodes.shape(gbit)
+                    out = job(nodes, per_host, sizes, args.trials, wires, logdir)
+                    rows = derive(out["rows"], gbit)
+                    results[f"{per_host}x{gbit:g}"] = rows
+                    print(table(per_host, gbit, rows, args.trials, out["cpu_transport"]) + "\n", flush=True)
+    finally:
+        nodes.close()
+    data = {"machine": machine(), "trials": args.trials, "results": results}
+    for name, value, target, fill in goals(results):
+        print(f"{name}: {value:.2f}x (goal >= {target:g}x, fill {fill:.2f}): {'met' if value >= target else 'NOT MET'}")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
+    if args.readme:
+        text = open(README).read()
+        if BEGIN not in text or END not in text:
+            sys.exit(f"README.md has no {BEGIN} ... {END} section to replace")
+        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: readme_section(data), text, flags=re.S)
+        with open(README, "w") as f:
+            f.write(text)
+        print("README.md link section rewritten")
+
+
+if __name__ == "__main__":
+    main()
