@@ -36,14 +36,20 @@ const char* range_name(c10d::OpType type) {
 
 void profile_collective(c10d::OpType type, const std::vector<at::Tensor>& inputs, const std::string& wire,
                         const c10::intrusive_ptr<c10::ivalue::Future>& future) {
-  auto range = std::make_shared<at::RecordFunction>(at::RecordScope::USER_SCOPE);
-  if (!range->isActive()) return;
+  // The range keeps pointers to its inputs until it ends, on another thread: they live beside it.
+  struct Range {
+    at::RecordFunction function{at::RecordScope::USER_SCOPE};
+    std::vector<c10::IValue> args;
+    std::unordered_map<std::string, c10::IValue> kwargs;
+  };
+  auto range = std::make_shared<Range>();
+  if (!range->function.isActive()) return;
   // Completed on another thread, as torch's own collectives' ranges are.
-  range->_setAsync();
-  const std::vector<c10::IValue> args(inputs.begin(), inputs.end());
-  const std::unordered_map<std::string, c10::IValue> kwargs{{"wire", wire}};
-  range->before(range_name(type), &args, &kwargs);
-  future->addCallback([range](c10::ivalue::Future&) { range->end(); });
+  range->function._setAsync();
+  range->args.assign(inputs.begin(), inputs.end());
+  range->kwargs.emplace("wire", wire);
+  range->function.before(range_name(type), &range->args, &range->kwargs);
+  future->addCallback([range](c10::ivalue::Future&) { range->function.end(); });
 }
 
 HostWork::HostWork(int rank, c10d::OpType op, uint64_t seq, std::vector<at::Tensor> outputs)

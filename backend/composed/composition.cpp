@@ -1,6 +1,7 @@
 #include "backend/composed/composition.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
@@ -526,6 +527,10 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, const Timing& t
       }
     }
     try {
+      // gloo runs this on its worker thread, with that thread's grad mode (a C++ future's callbacks
+      // do not carry the adding thread's state): writes into the caller's tensors stay below
+      // autograd, as every cnccl thread's do (docs/design.md, "Threads and autograd").
+      const at::AutoDispatchBelowADInplaceOrView below_autograd;
       const c10::DeviceGuard guard(device);
       const auto on_restore_stream = restore_stream(*device_of, async_op);
       for (const auto& call : calls) wait_for(*device_of, call);

@@ -22,6 +22,8 @@ class IssuedPath final : public c10d::Backend {
   IssuedPath(c10::intrusive_ptr<ComposedPath> composed, c10::intrusive_ptr<c10d::Backend> engine,
              std::string group_name, const Config& config, std::chrono::milliseconds timeout, Stats& stats);
 
+  ~IssuedPath() override;
+
   const std::string getBackendName() const override { return "cnccl-issued"; }
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 

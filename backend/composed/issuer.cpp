@@ -4,7 +4,9 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -24,6 +26,19 @@ using errors::message_of;
 // Signatures travel as fixed-size, zero-padded byte strings (fit_signature).
 constexpr size_t kSignatureBytes = 256;
 
+// A test-only pause at a named point of the issuer thread, so that a test can destroy or abort a
+// group exactly there (tests/python/test_threads.py): CNCCL_TEST_ISSUER_DELAY="<point>:<ms>".
+constexpr const char* kBeforeIssue = "before_issue";  // agreed and not settled; the engine not yet called
+
+void delay_for_tests(const char* point) {
+  static const std::string chosen = [] {
+    const char* value = std::getenv("CNCCL_TEST_ISSUER_DELAY");
+    return std::string(value ? value : "");
+  }();
+  if (chosen.empty() || chosen.rfind(std::string(point) + ":", 0) != 0) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::stoll(chosen.substr(std::strlen(point) + 1))));
+}
+
 struct Job {
   c10::intrusive_ptr<HostWork> work;
   std::string what;  // "cnccl allreduce (seq 3) in group 'x'"
@@ -31,12 +46,16 @@ struct Job {
   std::chrono::milliseconds timeout;
   Issuer::Issue issue;
   std::atomic<bool> settled{false};
+  bool issued = false;  // under State::mutex: once stopped is set, no job becomes issued
 };
 
 }  // namespace
 
 struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
+  // Released by ~Issuer on the destroying thread once no thread of ours and no engine callback
+  // can reach it: gloo's own threads must never drop the last reference (its destructor joins them).
   c10::intrusive_ptr<c10d::Backend> engine;
+  int rank = 0;  // the engine's, kept: close() releases the engine while submit() still names it
   std::string group;
   std::mutex mutex;
   std::condition_variable cv;
@@ -49,10 +68,20 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
   // this group and wait for it, as PowerSGD's hook does. So they never run on the issuer thread
   // (which that collective needs) nor on gloo's two workers: they run on completion threads, and
   // one that finds none idle starts another (an idle one ends after a while).
+  // Every thread started here is kept and joined by ~Issuer (docs/design.md, "Threads"); one that
+  // idles past kIdle ends and is joined by the next post() or by ~Issuer.
   std::mutex done_mutex;
   std::condition_variable done_cv;
   std::deque<std::function<void()>> done_queue;
   int done_idle = 0;
+  bool closing = false;  // ~Issuer runs: idle completion threads end at once
+  std::vector<std::thread> done_threads;
+  std::vector<std::thread::id> done_ended;  // ended, not yet joined
+  // Engine works whose callback has not yet run: ~Issuer waits for them before releasing anything.
+  int engine_callbacks = 0;
+  std::condition_variable engine_cv;
+
+  static constexpr auto kIdle = std::chrono::seconds(10);
 
   void post(std::function<void()> completion) {
     std::unique_lock<std::mutex> lock(done_mutex);
@@ -62,24 +91,44 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
       done_cv.notify_one();
       return;
     }
-    std::thread([state = shared_from_this()] {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;  // docs/design.md, "Threads and autograd"
-      std::unique_lock<std::mutex> lock(state->done_mutex);
-      while (true) {
-        if (state->done_queue.empty()) {
-          ++state->done_idle;
-          const bool woken = state->done_cv.wait_for(lock, std::chrono::seconds(10),
-                                                     [&] { return !state->done_queue.empty(); });
-          --state->done_idle;
-          if (!woken) return;
-        }
-        auto next = std::move(state->done_queue.front());
-        state->done_queue.pop_front();
-        lock.unlock();
-        next();
-        lock.lock();
+    join_ended(lock);
+    done_threads.emplace_back([state = shared_from_this()] { state->complete_jobs(); });
+  }
+
+  void complete_jobs() {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;  // docs/design.md, "Threads and autograd"
+    std::unique_lock<std::mutex> lock(done_mutex);
+    while (true) {
+      if (done_queue.empty()) {
+        ++done_idle;
+        const bool woken = done_cv.wait_for(lock, kIdle, [&] { return !done_queue.empty() || closing; });
+        --done_idle;
+        if (!woken || done_queue.empty()) break;
       }
-    }).detach();
+      auto next = std::move(done_queue.front());
+      done_queue.pop_front();
+      lock.unlock();
+      next();
+      lock.lock();
+    }
+    done_ended.push_back(std::this_thread::get_id());
+  }
+
+  // Joins the completion threads that have ended (each is past its last touch of the state).
+  void join_ended(std::unique_lock<std::mutex>& lock) {
+    std::vector<std::thread> ended;
+    for (auto it = done_threads.begin(); it != done_threads.end();) {
+      if (std::find(done_ended.begin(), done_ended.end(), it->get_id()) != done_ended.end()) {
+        std::erase(done_ended, it->get_id());
+        ended.push_back(std::move(*it));
+        it = done_threads.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    lock.unlock();
+    for (auto& t : ended) t.join();
+    lock.lock();
   }
 
   // Completes or fails a job's work exactly once (abort() may have failed it already).
@@ -100,8 +149,42 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
   }
 
   void fail(const std::shared_ptr<Job>& job, const std::string& msg) {
-    settle(job, std::make_exception_ptr(
-                    backend_error(job->what + ": " + msg + " (the caller's tensors were not modified)")));
+    bool issued;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      issued = job->issued;
+    }
+    settle(job, std::make_exception_ptr(backend_error(
+                    job->what + ": " + msg +
+                    (issued ? " (it was already issued to the engine: the caller's tensors may still be written "
+                              "when the engine ends it)"
+                            : " (the caller's tensors were not modified)"))));
+  }
+
+  // Waits for the engine's `work` until it ends, the job's timeout passes (throws), or the job is
+  // settled by abort() or shutdown() (returns at once: the issuer thread must not wait on peers that
+  // will never come, or close() would). gloo goes on with the work; its callback touches only `done`.
+  static void wait_unless_settled(c10d::Work& work, const Job& job) {
+    struct Done {
+      std::mutex mutex;
+      std::condition_variable cv;
+      bool done = false;
+    };
+    auto done = std::make_shared<Done>();
+    work.getFuture()->addCallback([done](c10::ivalue::Future&) {
+      std::lock_guard<std::mutex> lock(done->mutex);
+      done->done = true;
+      done->cv.notify_all();
+    });
+    const auto deadline = std::chrono::steady_clock::now() + job.timeout;
+    std::unique_lock<std::mutex> lock(done->mutex);
+    while (!done->done) {
+      if (job.settled) return;
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "timed out");
+      done->cv.wait_for(lock, std::chrono::milliseconds(20));
+    }
+    lock.unlock();
+    work.wait();  // rethrows the engine's error, if any
   }
 
   // Every rank shows its signature; all must be equal.
@@ -117,7 +200,7 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
     const int rank = engine->getRank(), size = engine->getSize();
     try {
       auto work = engine->allgather(all, in, opts);
-      if (work) work->wait(job->timeout);
+      if (work) wait_unless_settled(*work, *job);
     } catch (...) {
       // gloo's allgather is a ring: this rank waits on the one before it.
       const int left = (rank + size - 1) % size;
@@ -125,6 +208,7 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
                           std::to_string(job->timeout.count()) + " ms waiting for every rank to reach this " +
                           "collective (gloo: " + message_of(std::current_exception()) + ")");
     }
+    if (job->settled) return;  // gloo may still be writing `all`
     for (int r = 0; r < size; ++r) {
       if (at::equal(all[0][r], mine)) continue;
       const std::string theirs = peer_text(static_cast<const char*>(all[0][r].const_data_ptr()), kSignatureBytes);
@@ -146,8 +230,18 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
     }
     try {
       agree(job);
-      if (job->settled) return;  // aborted while the ranks were agreeing: never issued
-      auto inner = job->issue();
+      delay_for_tests(kBeforeIssue);
+      {
+        // Checked and marked under the mutex abort() takes: a job is either failed before it is
+        // issued (its tensors untouched, as its error says) or issued and failed as such.
+        std::lock_guard<std::mutex> lock(mutex);
+        if (job->settled || !stopped.empty()) return;
+        job->issued = true;
+      }
+      // Released on this thread when run() returns: the closure owns the composed path, and with
+      // it the engine, which must never be released on gloo's thread (docs/design.md, "Threads").
+      const Issuer::Issue issue = std::move(job->issue);
+      auto inner = issue();
       if (!inner) return settle(job, nullptr);  // the engine ran it synchronously
       c10::intrusive_ptr<c10::ivalue::Future> future;
       try {
@@ -156,8 +250,16 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
         inner->wait();  // a gloo work without a future (reduce_scatter_single in torch 2.15)
         return settle(job, nullptr);
       }
+      {
+        std::lock_guard<std::mutex> lock(done_mutex);
+        ++engine_callbacks;
+      }
+      // Runs on gloo's thread. ~Issuer waits for it, so the state outlives it.
       future->addCallback([this, job](c10::ivalue::Future& f) {
         settle(job, f.hasError() ? as_backend_error(f.exception_ptr(), job->what) : nullptr);
+        std::lock_guard<std::mutex> lock(done_mutex);
+        --engine_callbacks;
+        engine_cv.notify_all();
       });
     } catch (...) {
       const std::string msg = message_of(std::current_exception());
@@ -167,32 +269,68 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
 };
 
 Issuer::Issuer(c10::intrusive_ptr<c10d::Backend> engine, std::string group_name) : state_(std::make_shared<State>()) {
+  state_->rank = engine->getRank();
   state_->engine = std::move(engine);
   state_->group = std::move(group_name);
-  // The thread owns a reference to the state: shutdown() need not wait for a job blocked on peers
-  // that will never come (it ends at the job's timeout).
-  std::thread([state = state_] {
+  thread_ = std::thread([state = state_] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;  // docs/design.md, "Threads and autograd"
     std::unique_lock<std::mutex> lock(state->mutex);
     while (true) {
       state->cv.wait(lock, [&] { return !state->queue.empty() || !state->stopped.empty(); });
-      if (state->queue.empty()) return;
+      // Once stopped, queued jobs were failed by abort(): none runs.
+      if (!state->stopped.empty()) return;
       auto job = std::move(state->queue.front());
       state->queue.pop_front();
       lock.unlock();
       if (!job->settled) state->run(job);
       lock.lock();
     }
-  }).detach();
+  });
 }
 
-Issuer::~Issuer() { abort("the process group was destroyed"); }
+Issuer::~Issuer() { close("the process group was destroyed"); }
+
+void Issuer::close(const std::string& why) {
+  abort(why);
+  if (!thread_.joinable()) return;  // closed before
+  // The issuer thread ends after the job it runs, which waits on peers at most its timeout; the
+  // engine's callbacks come when gloo finishes what it was given, within the same bound.
+  const auto self = std::this_thread::get_id();
+  if (thread_.get_id() == self) {
+    // The group's last reference was dropped by a job's closure on the issuer thread itself: it
+    // cannot join itself, and its own reference keeps the state alive until it returns.
+    thread_.detach();
+    return;
+  }
+  thread_.join();
+  std::vector<std::thread> threads;
+  {
+    std::unique_lock<std::mutex> lock(state_->done_mutex);
+    state_->engine_cv.wait(lock, [&] { return state_->engine_callbacks == 0; });
+    state_->closing = true;
+    threads = std::move(state_->done_threads);
+  }
+  state_->done_cv.notify_all();
+  bool on_completion_thread = false;
+  for (auto& t : threads) {
+    if (t.get_id() == self) {
+      // A completion (a user's callback) dropped the group's last reference: this thread ends when
+      // the callback returns, holding its own reference to the state until then.
+      t.detach();
+      on_completion_thread = true;
+    } else {
+      t.join();
+    }
+  }
+  // Nothing of ours can reach the engine any more: it is released here, never on gloo's threads.
+  if (!on_completion_thread) state_->engine.reset();
+}
 
 c10::intrusive_ptr<c10d::Work> Issuer::submit(c10d::OpType type, const char* name, uint64_t seq, std::string signature,
                                               std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
                                               Issue issue) {
   auto job = std::make_shared<Job>();
-  job->work = c10::make_intrusive<HostWork>(state_->engine->getRank(), type, seq, std::move(outputs));
+  job->work = c10::make_intrusive<HostWork>(state_->rank, type, seq, std::move(outputs));
   job->what = std::string("cnccl ") + name + " (seq " + std::to_string(seq) + ") in group '" + state_->group + "'";
   job->signature = std::string(name) + "(" + signature + ")";
   job->timeout = timeout;

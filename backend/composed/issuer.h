@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 namespace cnccl::composed {
 
@@ -31,11 +32,17 @@ class Issuer {
                                         Issue issue);
   // Ends every outstanding work with an error naming `why`; later submissions fail the same way.
   void abort(const std::string& why);
+  // abort(why), then joins every thread the issuer started and releases the engine, on the calling
+  // thread. Returns once the job in flight, if any, has ended: at most its timeout, as its wait on
+  // peers is bounded by it, and once gloo has run the callbacks of what it was given.
+  void close(const std::string& why);
 
   struct State;
 
  private:
   std::shared_ptr<State> state_;
+  // Started here, joined by the destructor, as are the completion threads the state starts.
+  std::thread thread_;
 };
 
 }  // namespace cnccl::composed

@@ -156,29 +156,41 @@ def collectives_record_no_autograd_history(ctx):
     """cnccl's threads write into the caller's tensors while the caller's thread may run autograd on
     them (DDP with create_graph=True registers hooks on its buckets): they must record no autograd
     history of their own, which would race with the caller's (a segfault in _register_hook, seen in
-    upstream's test_ddp_create_graph). A write recorded anywhere shows as a new grad_fn."""
+    upstream's test_ddp_create_graph). A write recorded anywhere shows as a new grad_fn. AVG, a
+    strided tensor and fp32 accumulation write back through copies: on cpu_engine=gloo those run on
+    gloo's thread, where a C++ future's callbacks run with that thread's grad mode on."""
     def fresh(n):
         return torch.ones(n, requires_grad=True).clone()
 
-    def untouched(t, what):
-        assert type(t.grad_fn).__name__ == "CloneBackward0", f"{what}: grad_fn became {t.grad_fn}"
+    def untouched(t, before, what):
+        assert type(t.grad_fn).__name__ == before, f"{what}: grad_fn went from {before} to {t.grad_fn}"
 
+    acc32 = dist.new_group(backend="cnccl", timeout=TIMEOUT, pg_options=cnccl.Options(accumulate="fp32", min_bytes=0))
+    groups = {"fp16-all": ctx.groups["fp16-all"], "none": ctx.groups["none"], "accumulate=fp32": acc32}
     for n in (4, 1 << 16):
-        for name in ("fp16-all", "none"):
-            for op in (R.SUM, R.PRODUCT, R.MAX):
+        for name, group in groups.items():
+            for op in (R.SUM, R.PRODUCT, R.MAX, R.AVG):
                 t = fresh(n)
-                dist.all_reduce(t, op=op, group=ctx.groups[name])
-                untouched(t, f"allreduce {op} of {n} on {name}")
+                dist.all_reduce(t, op=op, group=group)
+                untouched(t, "CloneBackward0", f"allreduce {op} of {n} on {name}")
+            base = fresh(2 * n)
+            strided = base[::2]
+            before = type(strided.grad_fn).__name__
+            dist.all_reduce(strided, group=group)
+            untouched(strided, before, f"allreduce of a strided view of {n} on {name}")
+            untouched(base, "CloneBackward0", f"the base of a strided view of {n} on {name}")
         t = fresh(n)
         dist.broadcast(t, 0)
-        untouched(t, f"broadcast of {n}")
+        untouched(t, "CloneBackward0", f"broadcast of {n}")
         outs = [fresh(n) for _ in range(ctx.world)]
         dist.all_gather(outs, torch.ones(n))
         for t in outs:
-            untouched(t, f"allgather of {n}")
-        out = fresh(n)
-        dist.reduce_scatter_tensor(out, torch.ones(n * ctx.world), group=ctx.groups["fp16-all"])
-        untouched(out, f"reduce_scatter_tensor of {n}")
+            untouched(t, "CloneBackward0", f"allgather of {n}")
+        for name in ("fp16-all", "accumulate=fp32"):
+            out = fresh(n)
+            dist.reduce_scatter_tensor(out, torch.ones(n * ctx.world), group=groups[name])
+            untouched(out, "CloneBackward0", f"reduce_scatter_tensor of {n} on {name}")
+    dist.destroy_process_group(acc32)
 
 
 @case

@@ -1,9 +1,11 @@
-// The host path's threading, in one process: each rank is a thread with its own group (UCX worker,
-// executor thread) over one HashStore. Collectives are issued by the rank's thread and waited on
-// by another, many in flight; a future's callback runs collectives of its own; abort() comes
-// from a third thread; groups are destroyed with messages in flight. Every case runs over UCX
-// alone (CNCCL_SHM=off) and through shared memory. Built and run under ThreadSanitizer and
-// AddressSanitizer by .ci/sanitize.sh.
+// A group's threads, in one process: each rank is a thread with its own group over one HashStore,
+// on each CPU engine: the host path over UCX alone (CNCCL_SHM=off) and through shared memory (its
+// executor thread, UCX worker), and the composed path (cpu_engine=gloo: the issuer thread, its
+// completion threads) over a double of ProcessGroupGloo's threading (gloo_double.h). Collectives are
+// issued by the rank's thread and waited on by another, many in flight; a future's callback runs
+// collectives of its own; abort() comes from a third thread; groups are destroyed with messages in
+// flight and from a callback. Built and run under ThreadSanitizer and AddressSanitizer by
+// .ci/sanitize.sh.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -14,17 +16,19 @@
 #include <vector>
 
 #include "backend/process_group.h"
+#include "tests/cpp/gloo_double.h"
 
 namespace {
 
 using Group = c10::intrusive_ptr<cnccl::ProcessGroupCNCCL>;
 
-// The groups' data path: "ucx" (shared memory off) or "shm" (on, and required).
-class HostThreads : public ::testing::TestWithParam<std::string> {
+// The groups' CPU engine: "ucx" (shared memory off), "shm" (on, and required) or "gloo".
+class Threads : public ::testing::TestWithParam<std::string> {
  protected:
   template <typename Fn>
   void on_ranks(int world, Fn fn) {
     auto store = c10::make_intrusive<c10d::HashStore>();
+    auto fabric = std::make_shared<cnccl::testing::Fabric>(world);
     std::vector<std::thread> ranks;
     std::vector<std::string> errors(world);
     for (int r = 0; r < world; ++r) {
@@ -32,8 +36,14 @@ class HostThreads : public ::testing::TestWithParam<std::string> {
         try {
           auto options = c10::make_intrusive<cnccl::Options>(std::chrono::seconds(60));
           options->min_bytes = 0;
-          options->shm = GetParam() == "ucx" ? "off" : "on";
-          fn(r, c10::make_intrusive<cnccl::ProcessGroupCNCCL>(store, r, world, options));
+          c10::intrusive_ptr<c10d::Backend> gloo;
+          if (GetParam() == "gloo") {
+            gloo = c10::make_intrusive<cnccl::testing::GlooDouble>(fabric, r);
+            options->cpu_engine = "gloo";
+          } else {
+            options->shm = GetParam() == "ucx" ? "off" : "on";
+          }
+          fn(r, c10::make_intrusive<cnccl::ProcessGroupCNCCL>(store, r, world, options, std::move(gloo)));
         } catch (const std::exception& e) {
           errors[r] = e.what();
         }
@@ -44,7 +54,7 @@ class HostThreads : public ::testing::TestWithParam<std::string> {
   }
 };
 
-TEST_P(HostThreads, ManyCollectivesInFlightWaitedFromAnotherThread) {
+TEST_P(Threads, ManyCollectivesInFlightWaitedFromAnotherThread) {
   constexpr int kWorld = 3, kOps = 200;
   on_ranks(kWorld, [](int rank, Group pg) {
     std::mutex mutex;
@@ -79,7 +89,7 @@ TEST_P(HostThreads, ManyCollectivesInFlightWaitedFromAnotherThread) {
   });
 }
 
-TEST_P(HostThreads, FutureCallbackRunsACollectiveAndWaitsForIt) {
+TEST_P(Threads, FutureCallbackRunsACollectiveAndWaitsForIt) {
   // PowerSGD's pattern, nested twice: each callback allreduces on the same group and waits.
   constexpr int kWorld = 2;
   // Rank 1 starts its first allreduce only once rank 0 has attached its callback, so rank 0's
@@ -116,7 +126,7 @@ TEST_P(HostThreads, FutureCallbackRunsACollectiveAndWaitsForIt) {
   EXPECT_FALSE(completed_before_attach.load()) << "rank 0's work completed before its callback was attached";
 }
 
-TEST_P(HostThreads, TheLastReferenceDroppedInACallbackShutsTheGroupDownOnItsOwnThread) {
+TEST_P(Threads, TheLastReferenceDroppedInACallbackShutsTheGroupDownOnItsOwnThread) {
   // The group's executor thread runs the callback, and then destroys the callback and with it
   // the group: it must stop its executor without joining itself (that aborted the process).
   std::atomic<bool> attached{false};
@@ -140,7 +150,7 @@ TEST_P(HostThreads, TheLastReferenceDroppedInACallbackShutsTheGroupDownOnItsOwnT
   EXPECT_TRUE(ran->load());
 }
 
-TEST_P(HostThreads, AbortFromAnotherThreadEndsOutstandingWork) {
+TEST_P(Threads, AbortFromAnotherThreadEndsOutstandingWork) {
   // Waited for at once, so run on this thread (Executor::help) unless the executor's began it;
   // abort() comes while the caller waits, in either place. One chunk through shared memory, and many.
   for (int64_t n : {int64_t(1024), int64_t(1) << 20}) {
@@ -174,7 +184,7 @@ TEST_P(HostThreads, AbortFromAnotherThreadEndsOutstandingWork) {
 // group's workspace) nor read them. Three ranks, 64 MiB allreduces and a 48 MiB allgather into the
 // caller's tensor, all aborted at once after a delay that lands before, during and after the
 // transfers; the caller's tensors go first, then the group. AddressSanitizer sees any write.
-TEST_P(HostThreads, AGroupAbortedWithMessagesInFlightWritesIntoNothingFreed) {
+TEST_P(Threads, AGroupAbortedWithMessagesInFlightWritesIntoNothingFreed) {
   for (int delay_ms : {0, 3, 12, 40}) {
     on_ranks(3, [delay_ms](int rank, Group pg) {
       std::vector<at::Tensor> big{at::full({int64_t(1) << 24}, float(rank))};
@@ -198,7 +208,7 @@ TEST_P(HostThreads, AGroupAbortedWithMessagesInFlightWritesIntoNothingFreed) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, HostThreads, ::testing::Values("ucx", "shm"),
+INSTANTIATE_TEST_SUITE_P(Engines, Threads, ::testing::Values("ucx", "shm", "gloo"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -1,0 +1,157 @@
+"""Every thread a group starts ends with it, on each CPU engine (docs/design.md, "Threads").
+
+- A destroyed group leaves no thread behind: ranks create, use (synchronous and asynchronous
+  collectives) and destroy three groups, and `/proc/self/task` then counts as many threads as
+  before them, within BOUND_S (the engines' process-wide threads, such as UCX's async thread, are
+  started by a first group before the count).
+- A job that exits without `destroy_process_group`, groups still alive and a collective's work still
+  held, exits 0: no thread of a group tears it down during interpreter finalization.
+- A group destroyed or aborted while its issuer holds a job that every rank agreed on and that is
+  not yet issued to gloo (held there by the test-only pause `CNCCL_TEST_ISSUER_DELAY`,
+  backend/composed/issuer.cpp): neither crashes nor hangs, the job's work fails naming why, and the
+  job is never issued, so the caller's tensor is left as it was, as the error says.
+
+Each rank runs this file as a script in a fresh process (harness.launch), so no other test's threads
+are counted.
+"""
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BOUND_S = 2.0
+PAUSE_MS = 1500  # the issuer's pause before it issues a job (the mid-issue test)
+EXITS = 5  # runs of the exit test per engine (each a fresh job)
+
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def rank_main(mode, engine):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import cnccl
+    from harness import connect_store
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", store=connect_store(), rank=rank, world_size=world)
+    options = dict(cpu_engine="gloo") if engine == "gloo" else dict(cpu_engine="ucx", shm="on" if engine == "shm" else "off")
+
+    def use(group):
+        t = torch.ones(1 << 16, requires_grad=True).clone()
+        dist.all_reduce(t, group=group)
+        work = dist.all_reduce(t, group=group, async_op=True)
+        work.get_future().then(lambda f: f.value())
+        work.wait()
+        dist.all_reduce(torch.ones(8), op=dist.ReduceOp.AVG, group=group)
+        return work
+
+    def one_group():
+        group = dist.new_group(backend="cnccl", timeout=datetime.timedelta(seconds=60),
+                               pg_options=cnccl.Options(**options))
+        use(group)
+        dist.destroy_process_group(group)
+
+    if mode in ("destroy_mid_issue", "abort_mid_issue"):
+        group = dist.new_group(backend="cnccl", timeout=datetime.timedelta(seconds=60),
+                               pg_options=cnccl.Options(cpu_engine="gloo"))
+        t = torch.ones(1 << 16)
+        work = dist.all_reduce(t, group=group, async_op=True)
+        time.sleep(PAUSE_MS / 3000)  # the ranks have agreed; each issuer is in its pause
+        start = time.monotonic()
+        if mode == "destroy_mid_issue":
+            dist.destroy_process_group(group)
+        else:
+            group.abort()
+        ended_s = time.monotonic() - start
+        try:
+            work.wait()
+            error = None
+        except Exception as e:  # noqa: BLE001 - the message is the result
+            error = str(e)
+        time.sleep(PAUSE_MS / 1000)  # past the pause: an issued job would have written the tensor by now
+        if mode == "abort_mid_issue":
+            dist.destroy_process_group(group)
+        with open(os.path.join(os.environ["CNCCL_TEST_OUT"], f"rank{rank}.json"), "w") as f:
+            json.dump({"error": error, "unchanged": bool((t == 1).all()), "ended_s": ended_s}, f)
+        dist.destroy_process_group()
+        return
+    if mode == "exit":
+        kept = [dist.new_group(backend="cnccl", pg_options=cnccl.Options(**options)) for _ in range(2)]
+        works = [use(g) for g in kept]
+        dist.barrier()
+        sys.exit(0 if kept and works else 1)  # no destroy_process_group: groups and works alive at exit
+    one_group()  # starts the process-wide threads
+    dist.barrier()
+    before = threads()
+    for _ in range(3):
+        one_group()
+    deadline = time.monotonic() + BOUND_S
+    while threads() > before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    after = threads()
+    with open(os.path.join(os.environ["CNCCL_TEST_OUT"], f"rank{rank}.json"), "w") as f:
+        json.dump({"before": before, "after": after}, f)
+    dist.destroy_process_group()
+
+
+ENGINES = ["shm", "ucx", "gloo"]
+
+
+def run(mode, engine, world=2, env=None):
+    from harness import launch, wait_all
+
+    out = tempfile.mkdtemp(prefix="cnccl-threads-")
+    store, procs = launch([os.path.abspath(__file__), mode, engine], world, env or {}, out)
+    codes = wait_all(procs, 180)
+    del store
+    return out, codes
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_destroyed_group_leaves_no_thread_behind(engine):
+    out, codes = run("destroy", engine)
+    assert codes == [0, 0], f"ranks exited with {codes}"
+    for rank in range(2):
+        with open(os.path.join(out, f"rank{rank}.json")) as f:
+            counts = json.load(f)
+        assert counts["after"] <= counts["before"], (
+            f"rank {rank} on {engine}: {counts['after'] - counts['before']} threads outlived three destroyed groups "
+            f"by {BOUND_S} s ({counts})")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_job_that_never_destroys_its_groups_exits_cleanly(engine):
+    for attempt in range(EXITS):
+        _, codes = run("exit", engine)
+        assert codes == [0, 0], f"run {attempt + 1} of {EXITS} on {engine}: ranks exited with {codes}"
+
+
+@pytest.mark.parametrize("how", ["destroy", "abort"])
+def test_a_group_ended_between_agreement_and_issue_never_issues(how):
+    out, codes = run(f"{how}_mid_issue", "gloo", env={"CNCCL_TEST_ISSUER_DELAY": f"before_issue:{PAUSE_MS}"})
+    assert codes == [0, 0], f"ranks exited with {codes}"
+    why = "shutdown()" if how == "destroy" else "abort()"
+    for rank in range(2):
+        with open(os.path.join(out, f"rank{rank}.json")) as f:
+            result = json.load(f)
+        assert result["error"] is not None, f"rank {rank}: the work of a {how}ed group completed"
+        assert why in result["error"] and "were not modified" in result["error"], f"rank {rank}: {result['error']}"
+        assert result["unchanged"], f"rank {rank}: the tensor was written after its work failed ({how})"
+        # destroy joins the issuer, which ends when its pause does; abort waits for nothing.
+        bound = PAUSE_MS / 1000 + BOUND_S if how == "destroy" else BOUND_S
+        assert result["ended_s"] < bound, f"rank {rank}: {how} took {result['ended_s']:.2f} s (bound {bound} s)"
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, HERE)
+    rank_main(sys.argv[1], sys.argv[2])
