@@ -1,8 +1,10 @@
 #include "backend/frames.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "backend/errors.h"
 #include "backend/wide_data.h"
@@ -60,7 +62,7 @@ int32_t header_of(const uint8_t* frame, int64_t sender) {
 }
 
 template <typename T>
-void encode_row(const T* x, int64_t count, float scale, compress::Wire wire, uint8_t* frame) {
+int32_t exponent_of_row(const T* x, int64_t count, float scale, compress::Wire wire) {
   const T magnitude = compress::amax(x, size_t(count)) * T(std::fabs(scale));
   const int32_t k = exponent(static_cast<float>(magnitude), wire);
   // The 8-bit casts do not count: with the exponent every finite value is in range. A value that is
@@ -68,6 +70,12 @@ void encode_row(const T* x, int64_t count, float scale, compress::Wire wire, uin
   if (compress::wire_bytes(wire) == 1 && !std::isfinite(static_cast<float>(magnitude))) {
     compress::count_casts(x, size_t(count), std::ldexp(scale, k), wire);
   }
+  return k;
+}
+
+template <typename T>
+void encode_row(const T* x, int64_t count, float scale, compress::Wire wire, uint8_t* frame) {
+  const int32_t k = exponent_of_row(x, count, scale, wire);
   std::memcpy(frame, &k, sizeof k);
   const float s = std::ldexp(scale, k);
   uint8_t* payload = frame + kHeaderBytes;
@@ -359,6 +367,91 @@ void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, doubl
     }
   });
   if (!out.is_same(dst)) dst.copy_(out);
+}
+
+int64_t payload_offset(compress::Wire wire) { return header_bytes(wire); }
+
+int32_t row_exponent(const at::Tensor& row, double scale, compress::Wire wire) {
+  TORCH_CHECK(row.is_cpu() && row.is_contiguous() && !compress::is_mx(wire), "cnccl: row_exponent takes a contiguous "
+              "CPU row of a power-of-two frame");
+  int32_t k = 0;
+  with_wide_data(static_cast<const char*>(row.const_data_ptr()), row.scalar_type(),
+                 [&](const auto* x) { k = exponent_of_row(x, row.numel(), float(scale), wire); });
+  return k;
+}
+
+namespace {
+
+// The values a piece [from, from + len) of a frame of `count` values holds: [first, last).
+struct PieceValues {
+  int64_t first, last;
+  PieceValues(int64_t count, int64_t width, int64_t from, int64_t len) {
+    TORCH_INTERNAL_ASSERT(from % width == 0 && len % width == 0, "a frame's piece cuts a value");
+    first = std::max<int64_t>(from - kHeaderBytes, 0) / width;
+    last = std::max<int64_t>(std::min((from + len - kHeaderBytes) / width, count), first);
+  }
+};
+
+}  // namespace
+
+void encode_piece(const at::Tensor& row, int32_t k, double scale, compress::Wire wire, int64_t count, int64_t from,
+                  int64_t len, uint8_t* dst) {
+  const int64_t width = int64_t(compress::wire_bytes(wire)), end = from + len, given = row.numel();
+  for (int64_t b = from; b < std::min(end, kHeaderBytes); ++b) dst[b - from] = reinterpret_cast<const uint8_t*>(&k)[b];
+  const PieceValues v(count, width, from, len);
+  uint8_t* out = dst + (kHeaderBytes + v.first * width - from);
+  const int64_t cast = std::max<int64_t>(std::min(v.last, given) - v.first, 0);
+  if (cast) {
+    const float s = std::ldexp(float(scale), k);
+    with_wide_data(static_cast<const char*>(row.const_data_ptr()), row.scalar_type(), [&](const auto* x) {
+      if (width == 1) return compress::cast(x + v.first, out, size_t(cast), s, wire);
+      compress::cast(x + v.first, reinterpret_cast<uint16_t*>(out), size_t(cast), s, wire);
+    });
+  }
+  // A short row's missing values, then the padding after the last value.
+  if (v.last - v.first > cast) std::memset(out + cast * width, 0, size_t((v.last - v.first - cast) * width));
+  const int64_t padding = std::max(from, kHeaderBytes + count * width);
+  if (end > padding) std::memset(dst + (padding - from), 0, size_t(end - padding));
+}
+
+void sum_pieces(const uint8_t* const* pieces, int64_t ranks, int32_t* k, compress::Wire wire, int64_t count,
+                int64_t from, int64_t len, float* out) {
+  const int64_t width = int64_t(compress::wire_bytes(wire));
+  if (from == 0) {
+    TORCH_INTERNAL_ASSERT(len >= kHeaderBytes, "a frame's first piece holds its whole header");
+    for (int64_t r = 0; r < ranks; ++r) k[r] = header_of(pieces[r], r);
+  }
+  const PieceValues v(count, width, from, len);
+  if (v.last == v.first) return;
+  const int64_t at = kHeaderBytes + v.first * width - from;
+  std::vector<const void*> in(static_cast<size_t>(ranks));
+  std::vector<float> scales(static_cast<size_t>(ranks));
+  for (int64_t r = 0; r < ranks; ++r) {
+    in[size_t(r)] = pieces[r] + at;
+    scales[size_t(r)] = std::ldexp(1.0f, -k[r]);
+  }
+  compress::scaled_sum(in.data(), scales.data(), size_t(ranks), out + at / width, size_t(v.last - v.first), wire);
+}
+
+void restore_piece(const uint8_t* piece, int32_t* k, int64_t sender, compress::Wire wire, int64_t count, int64_t given,
+                   int64_t from, int64_t len, double post_scale, at::ScalarType dtype, void* dst) {
+  const int64_t width = int64_t(compress::wire_bytes(wire));
+  if (from == 0) {
+    TORCH_INTERNAL_ASSERT(len >= kHeaderBytes, "a frame's first piece holds its whole header");
+    *k = header_of(piece, sender);
+  }
+  const PieceValues v(count, width, from, len);
+  const int64_t n = std::min(v.last, given) - v.first;
+  if (n <= 0) return;
+  const uint8_t* values = piece + (kHeaderBytes + v.first * width - from);
+  const float s = std::ldexp(float(post_scale), -*k);
+  auto restore_into = [&](auto* y) {
+    if (width == 1) return compress::restore(values, y + v.first, size_t(n), s, wire);
+    compress::restore(reinterpret_cast<const uint16_t*>(values), y + v.first, size_t(n), s, wire);
+  };
+  if (dtype == at::kDouble) return restore_into(static_cast<double*>(dst));
+  TORCH_INTERNAL_ASSERT(dtype == at::kFloat, "frames restore into fp32 or fp64");
+  restore_into(static_cast<float*>(dst));
 }
 
 }  // namespace cnccl::frames

@@ -54,4 +54,30 @@ at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::W
 void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, double post_scale, const at::Tensor& dst,
              Impl impl = Impl::kForDevice);
 
+// --- A power-of-two frame in pieces, for the host path's pipelined reductions (the CPU kernels).
+// A piece is bytes [from, from + len) of a frame, cut at multiples of the wire's element bytes (the
+// 4-byte header is whole elements of every wire). Piece by piece, these write and add the bits
+// encode() and sum() do: every value is cast, decoded and added on its own.
+
+// Where a frame's values start: the header's bytes.
+int64_t payload_offset(compress::Wire wire);
+// The exponent k that encode() writes into the header of `row`'s frame (fp32 or fp64, contiguous),
+// counting the row's casts where encode() counts them.
+int32_t row_exponent(const at::Tensor& row, double scale, compress::Wire wire);
+// Bytes [from, from + len) of the frame encode() writes for `row` (its missing values up to `count`
+// +0) with exponent k, into dst.
+void encode_piece(const at::Tensor& row, int32_t k, double scale, compress::Wire wire, int64_t count, int64_t from,
+                  int64_t len, uint8_t* dst);
+// The owner's sum of bytes [from, from + len) of each rank's frame of `count` values (pieces[r] from
+// rank r), in rank order as sum() adds: out[(b - from) / element bytes] for each value's byte b;
+// header and padding write nothing. The piece from 0 holds the headers: their exponents, checked as
+// sum() checks them, go to k[r], which every later piece of the frames reads.
+void sum_pieces(const uint8_t* const* pieces, int64_t ranks, int32_t* k, compress::Wire wire, int64_t count,
+                int64_t from, int64_t len, float* out);
+// Restores bytes [from, from + len) of rank `sender`'s frame of `count` values as restore() does:
+// value i to dst[i] (fp32 or fp64 as `dtype` says), for i < given. The piece from 0 holds the header:
+// its exponent, checked as restore() checks it, goes to *k, which every later piece reads.
+void restore_piece(const uint8_t* piece, int32_t* k, int64_t sender, compress::Wire wire, int64_t count, int64_t given,
+                   int64_t from, int64_t len, double post_scale, at::ScalarType dtype, void* dst);
+
 }  // namespace cnccl::frames

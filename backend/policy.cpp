@@ -111,8 +111,7 @@ Traffic traffic(const Plan& plan, int64_t numel, int64_t nbytes) {
 }
 
 AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memory, bool fp32_sum, Framing framing) {
-  if (framing == Framing::kPerPart) return AllreduceAlgorithm::kAlltoall;
-  if (framing == Framing::kBlocks) {
+  if (framing != Framing::kNone) {
     return shared_memory == SharedMemory::kOneHost ? AllreduceAlgorithm::kShm : AllreduceAlgorithm::kAlltoall;
   }
   if (shared_memory == SharedMemory::kOneHost) return AllreduceAlgorithm::kShm;
@@ -122,8 +121,7 @@ AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memo
 }
 
 AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum, Framing framing) {
-  if (framing == Framing::kPerPart) return AllreduceAlgorithm::kAlltoall;
-  if (framing == Framing::kBlocks) {
+  if (framing != Framing::kNone) {
     return shared_memory == SharedMemory::kOneHost ? AllreduceAlgorithm::kShm : AllreduceAlgorithm::kAlltoall;
   }
   if (shared_memory == SharedMemory::kOneHost) return AllreduceAlgorithm::kShm;

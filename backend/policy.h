@@ -67,10 +67,9 @@ enum class SharedMemory : uint8_t { kNone, kOneHost, kPerHost };
 // host, UCX between them); else over the transport, one exchange with every peer (latency-bound
 // sizes) or a ring reduce-scatter + allgather (bandwidth-bound sizes). A plan with fp32_sum needs
 // every rank's contribution at its part's owner: through shared memory on one host, else an
-// all-to-all reduce-scatter + allgather. MX blocks carry their own scales, so a chunk of them decodes
-// alone: on one host they go through shared memory too, elsewhere the all-to-all is chunked and
-// pipelined (reduce_chunked). A power-of-two frame has one exponent for its whole part and no
-// shared-memory form: it takes the all-to-all over the transport on one host too.
+// all-to-all reduce-scatter + allgather. Frames (MX blocks, which carry their own scales, and
+// power-of-two frames, cut into pieces after each part's exponent is known) go through shared memory
+// on one host too; elsewhere the all-to-all is chunked and pipelined (reduce_chunked).
 enum class AllreduceAlgorithm : uint8_t { kShm, kHierarchical, kDirect, kRing, kAlltoall };
 // How a plan's parts travel: as they are, in frames with one exponent a part, or as MX blocks.
 enum class Framing : uint8_t { kNone, kPerPart, kBlocks };

@@ -1,16 +1,20 @@
-// The host path's compressed sums in frames (plan.framed; backend/frames.h): every
-// rank's frame of part p goes to rank p (reduce_scatter_alltoall), which decodes and adds them in
-// fp32 in rank order. allreduce frames that sum with its own exponent and allgathers the frames;
-// reduce_scatter writes the sum, unrounded. allreduce's parts are ceil(n / size) elements (the last
-// short or empty), as on the composed path, so both paths pick the same exponents and give the same
-// bits.
+// The host path's compressed sums in frames (plan.framed; backend/frames.h), each a ChunkedReduction
+// through shared memory on one host (reduce_shm) and pipelined over the transport elsewhere
+// (reduce_chunked), the same functions on either: every rank's piece of part p goes to rank p, which
+// decodes and adds them in fp32 in rank order. Parts and blocks are cut as the composed path's frames
+// cut them, so every path gives the same bits.
 //
-// MX blocks go as a ChunkedReduction instead (mx_*_step): each block carries its scale, so a chunk of
-// a part's blocks is encoded, summed and decoded on its own, through shared memory on one host
-// (reduce_shm) and pipelined over the transport elsewhere (reduce_chunked), the same functions on
-// either. The unit is a block (its scale byte and elements: compress::mx_bytes(32)); a piece of k
-// blocks travels as the MX run of the values it covers, which for the part's last block may be short.
-// Parts and blocks are cut as the composed path's frames cut them, so every path gives the same bits.
+// A power-of-two frame (framed_*_step) has one exponent for its whole part: each rank finds its parts'
+// exponents first (the amax pass), then casts and sends its frames in pieces, the header in the first.
+// reduce_scatter writes the owner's sum, unrounded; allreduce's owner frames its whole sum with its own
+// exponent once every piece is in, and the owners' frames are allgathered in pieces, each restored as
+// it comes (allgather_shm, allgather_chunked). allreduce's parts are ceil(n / size) elements (the last
+// short or empty).
+//
+// MX blocks (mx_*_step) carry their scales, so a chunk of a part's blocks is encoded, summed and
+// decoded on its own, and allreduce's results go back chunk by chunk. The unit is a block (its scale
+// byte and elements: compress::mx_bytes(32)); a piece of k blocks travels as the MX run of the values
+// it covers, which for the part's last block may be short.
 #include "backend/frames.h"
 #include "backend/host/host_path.h"
 #include "backend/host/shm/shm_algorithms.h"
@@ -21,17 +25,6 @@
 
 namespace cnccl::host {
 namespace {
-
-at::Tensor frames_at(char* data, int64_t rows, int64_t frame) {
-  return view(data, rows * frame, at::kByte).view({rows, frame});
-}
-
-// The frames a RankSum receives, one a rank in rank order.
-std::vector<at::Tensor> received(const char* const* inputs, int size, int64_t frame) {
-  std::vector<at::Tensor> out;
-  for (int r = 0; r < size; ++r) out.push_back(view(const_cast<char*>(inputs[r]), frame, at::kByte));
-  return out;
-}
 
 // Where blocks [block, block + k) of a run of parts, `count` elements each (`blocks` blocks), lie in the
 // n elements they were cut from: the first element, the elements the blocks cover (the last part
@@ -152,55 +145,118 @@ HostPath::Step HostPath::mx_reduce_scatter_step(const std::vector<at::Tensor>& i
   return step;
 }
 
-HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const Plan& plan) {
+HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const Plan& plan, bool on_shm) {
   const int size = size_, rank = rank_;
   const int64_t n = tensor.numel(), count = (n + size - 1) / size;
-  const int64_t frame = frames::frame_bytes(count, plan.wire), all = frame * size;
+  const size_t width = compress::wire_bytes(plan.wire);
+  const size_t units = size_t(frames::frame_bytes(count, plan.wire)) / width;
+  const int64_t values_at = frames::payload_offset(plan.wire) / int64_t(width);
+  const size_t wide = tensor.element_size();
+  const at::ScalarType dtype = tensor.scalar_type();
+  // The owners' frames are restored as their pieces come: into the tensor, or into a staging copy
+  // that replaces it once every frame is in (a strided tensor, or untouched_on_failure).
+  const bool direct = tensor.is_contiguous() && !config_.untouched_on_failure;
+  auto src = std::make_shared<at::Tensor>();
+  auto mine = std::make_shared<std::vector<int32_t>>(size);   // this rank's exponent of each part
+  auto heard = std::make_shared<std::vector<int32_t>>(size);  // every rank's exponent of this owner's part
+  auto told = std::make_shared<std::vector<int32_t>>(size);   // each owner's exponent of its sum
   Step step;
-  // This rank's frame of every part, every owner's frame of its sum, then this owner's fp32 sum.
-  step.workspace_bytes = size_t(2 * all + count * int64_t(sizeof(float)));
-  step.pre = [=](const Buffers& b) {
-    frames::encode(frames::parts_of(tensor.reshape({-1}), size, count), count, plan.pre_scale, plan.wire, plan.mx_scale,
-                   frames_at(b.workspace, size, frame));
+  step.on_shm = on_shm;
+  // This owner's fp32 sums, a float for each unit of its frame; then the staging copy, unless direct.
+  const size_t sums_bytes = (units * sizeof(float) + 63) / 64 * 64;
+  step.workspace_bytes = sums_bytes + (direct ? 0 : size_t(n) * wide);
+  if (direct) step.wrote_results = std::make_shared<bool>(false);
+  const std::shared_ptr<bool> wrote = step.wrote_results;
+  step.pre = [=](const Buffers&) {
+    *src = tensor.reshape({-1}).contiguous();
+    const auto rows = frames::parts_of(*src, size, count);
+    for (int q = 0; q < size; ++q) (*mine)[q] = frames::row_exponent(rows[q], plan.pre_scale, plan.wire);
   };
   step.algorithm = [=, this](const Buffers& b) {
-    const Parts parts = Parts::equal(size_t(frame), size);
-    char* owners = b.workspace + all;
-    const at::Tensor total = view(owners + all, count, at::kFloat);
-    const RankSum sum = [=](const char* const* inputs, char* dst, size_t, size_t) {
-      frames::sum(received(inputs, size, frame), count, plan.wire, total);
-      const compress::CensusSamplesPaused not_a_contribution;
-      frames::encode({total}, count, 1.0, plan.wire, plan.mx_scale, frames_at(dst, 1, frame));
+    const auto rows = frames::parts_of(*src, size, count);
+    const ChunkProduce produce = [=](size_t first, size_t len, char* dst) {
+      const size_t q = first / units;
+      frames::encode_piece(rows[q], (*mine)[q], plan.pre_scale, plan.wire, count, int64_t((first - q * units) * width),
+                           int64_t(len * width), reinterpret_cast<uint8_t*>(dst));
     };
-    reduce_scatter_alltoall(*comm_, b.workspace, parts, 1, timed_reducer(sum), owners + rank * frame);
-    allgather_ring(*comm_, owners, parts, 1, tags::kSecondPhase);
+    const RankSum sum = [=](const char* const* in, char* dst, size_t first, size_t len) {
+      frames::sum_pieces(reinterpret_cast<const uint8_t* const*>(in), size, heard->data(), plan.wire, count,
+                         int64_t((first - size_t(rank) * units) * width), int64_t(len * width),
+                         reinterpret_cast<float*>(dst));
+    };
+    char* sums = b.workspace;
+    reduce({Parts::equal(units, size), width, timed_producer(produce), timed_reducer(sum), sums,
+            ChunkedReduction::kOwn, 0, sizeof(float)},
+           on_shm);
+    // The owner's frame of its sum needs the whole sum's amax: it goes out once every piece is in.
+    const at::Tensor total = view(sums + values_at * int64_t(sizeof(float)), count, at::kFloat);
+    int32_t k = 0;
+    timed_reduce([&] {
+      const compress::CensusSamplesPaused not_a_contribution;
+      k = frames::row_exponent(total, 1.0, plan.wire);
+    });
+    const ChunkProduce frame_sum = [=](size_t first, size_t len, char* dst) {
+      const compress::CensusSamplesPaused not_a_contribution;
+      frames::encode_piece(total, k, 1.0, plan.wire, count, int64_t((first - size_t(rank) * units) * width),
+                           int64_t(len * width), reinterpret_cast<uint8_t*>(dst));
+    };
+    char* y = direct ? static_cast<char*>(tensor.data_ptr()) : b.workspace + sums_bytes;
+    const ChunkConsume restore = [=](size_t first, size_t len, const char* piece) {
+      const size_t q = first / units;
+      if (wrote) *wrote = true;
+      const int64_t from_value = int64_t(q) * count;
+      frames::restore_piece(reinterpret_cast<const uint8_t*>(piece), &(*told)[q], int64_t(q), plan.wire, count,
+                            std::clamp<int64_t>(n - from_value, 0, count), int64_t((first - q * units) * width),
+                            int64_t(len * width), plan.post_scale, dtype, y + from_value * int64_t(wide));
+    };
+    const Parts parts = Parts::equal(units, size);
+    if (on_shm) return allgather_shm(*shm_, nullptr, parts, width, timed_producer(frame_sum), timed_consumer(restore));
+    allgather_chunked(*comm_, parts, width, timed_producer(frame_sum), timed_consumer(restore), tags::kSecondPhase);
   };
   step.post = [=](const Buffers& b) {
-    frames::restore(frames_at(b.workspace + all, size, frame), count, plan.wire, plan.post_scale, tensor);
+    src->reset();
+    if (!direct) unpack(b.workspace + sums_bytes, tensor);
   };
   return step;
 }
 
 HostPath::Step HostPath::framed_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
-                                                    const Plan& plan) {
-  const int size = size_;
+                                                    const Plan& plan, bool on_shm) {
+  const int size = size_, rank = rank_;
   const int64_t each = output.numel();
-  const int64_t frame = frames::frame_bytes(each, plan.wire), all = frame * size;
+  const size_t width = compress::wire_bytes(plan.wire), units = size_t(frames::frame_bytes(each, plan.wire)) / width;
+  const int64_t values_at = frames::payload_offset(plan.wire) / int64_t(width);
+  auto srcs = std::make_shared<std::vector<at::Tensor>>();
+  auto mine = std::make_shared<std::vector<int32_t>>(size);
+  auto heard = std::make_shared<std::vector<int32_t>>(size);
   Step step;
-  // Every part's frame, then this rank's fp32 sums.
-  step.workspace_bytes = size_t(all + each * int64_t(sizeof(float)));
-  step.pre = [=](const Buffers& b) {
-    frames::encode(inputs, each, plan.pre_scale, plan.wire, plan.mx_scale, frames_at(b.workspace, size, frame));
+  step.on_shm = on_shm;
+  // This rank's fp32 sums, a float for each unit of its part's frame.
+  step.workspace_bytes = units * sizeof(float);
+  step.pre = [=](const Buffers&) {
+    for (int q = 0; q < size; ++q) {
+      srcs->push_back(inputs[size_t(q)].contiguous());
+      (*mine)[q] = frames::row_exponent(srcs->back(), plan.pre_scale, plan.wire);
+    }
   };
   step.algorithm = [=, this](const Buffers& b) {
-    const RankSum sum = [=](const char* const* in, char* dst, size_t, size_t) {
-      frames::sum(received(in, size, frame), each, plan.wire, view(dst, each, at::kFloat));
+    const ChunkProduce produce = [=](size_t first, size_t len, char* dst) {
+      const size_t q = first / units;
+      frames::encode_piece((*srcs)[q], (*mine)[q], plan.pre_scale, plan.wire, each,
+                           int64_t((first - q * units) * width), int64_t(len * width), reinterpret_cast<uint8_t*>(dst));
     };
-    reduce_scatter_alltoall(*comm_, b.workspace, Parts::equal(size_t(frame), size), 1, timed_reducer(sum),
-                            b.workspace + all);
+    const RankSum sum = [=](const char* const* in, char* dst, size_t first, size_t len) {
+      frames::sum_pieces(reinterpret_cast<const uint8_t* const*>(in), size, heard->data(), plan.wire, each,
+                         int64_t((first - size_t(rank) * units) * width), int64_t(len * width),
+                         reinterpret_cast<float*>(dst));
+    };
+    reduce({Parts::equal(units, size), width, timed_producer(produce), timed_reducer(sum), b.workspace,
+            ChunkedReduction::kOwn, 0, sizeof(float)},
+           on_shm);
   };
   step.post = [=](const Buffers& b) {
-    restore_sums_into(reinterpret_cast<const float*>(b.workspace + all), output, plan);
+    srcs->clear();
+    restore_sums_into(reinterpret_cast<const float*>(b.workspace) + values_at, output, plan);
   };
   return step;
 }

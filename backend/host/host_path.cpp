@@ -200,6 +200,8 @@ Producer HostPath::timed_producer(Producer produce) { return timed(std::move(pro
 
 RankSum HostPath::timed_reducer(RankSum sum) { return timed(std::move(sum), stats_.reduce_ns); }
 
+void HostPath::timed_reduce(std::function<void()> work) { timed(std::move(work), stats_.reduce_ns)(); }
+
 ChunkProduce HostPath::timed_producer(ChunkProduce produce) { return timed(std::move(produce), stats_.cast_ns); }
 
 ChunkConsume HostPath::timed_consumer(ChunkConsume consume) { return timed(std::move(consume), stats_.restore_ns); }

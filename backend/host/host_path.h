@@ -116,16 +116,19 @@ class HostPath final : public c10d::Backend {
   Reducer timed_reducer(Reducer reduce);
   Producer timed_producer(Producer produce);
   RankSum timed_reducer(RankSum sum);
+  // Reduce-phase work outside a RankSum (an owner's encode of its whole sum), run timed into reduce_ns.
+  void timed_reduce(std::function<void()> work);
   ChunkProduce timed_producer(ChunkProduce produce);
   // A shared-memory reduction's consumer, timed into restore_ns.
   ChunkConsume timed_consumer(ChunkConsume consume);
   // The steps of the reductions, shared by their list, tensor and coalesced forms.
   Step allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
-  // Their forms in frames (plan.framed; framed_reductions.cpp): power-of-two frames in an all-to-all over
-  // the transport; MX blocks chunked, through shared memory (on_shm) or over the transport.
-  Step framed_allreduce_step(const at::Tensor& tensor, const Plan& plan);
-  Step framed_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
+  // Their forms in frames (plan.framed; framed_reductions.cpp), chunked through shared memory (on_shm)
+  // or over the transport: power-of-two frames cut into pieces, MX blocks.
+  Step framed_allreduce_step(const at::Tensor& tensor, const Plan& plan, bool on_shm);
+  Step framed_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan,
+                                  bool on_shm);
   Step mx_allreduce_step(const at::Tensor& tensor, const Plan& plan, bool on_shm);
   Step mx_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan,
                               bool on_shm);

@@ -29,7 +29,7 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
   const AllreduceAlgorithm algorithm =
       choose_allreduce(int64_t(n * elem), shared_memory(), plan.fp32_sum, framing_of(plan));
   if (framing_of(plan) == Framing::kBlocks) return mx_allreduce_step(tensor, plan, algorithm == AllreduceAlgorithm::kShm);
-  if (plan.framed) return framed_allreduce_step(tensor, plan);
+  if (plan.framed) return framed_allreduce_step(tensor, plan, algorithm == AllreduceAlgorithm::kShm);
   const bool ring = algorithm == AllreduceAlgorithm::kRing;
   const bool fused = ring && FusedCast::applies(plan, dtype);
   const auto dithered = dithers(plan, n);
@@ -107,7 +107,7 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
   if (framing_of(plan) == Framing::kBlocks) {
     return mx_reduce_scatter_step(inputs, output, plan, algorithm == AllreduceAlgorithm::kShm);
   }
-  if (plan.framed) return framed_reduce_scatter_step(inputs, output, plan);
+  if (plan.framed) return framed_reduce_scatter_step(inputs, output, plan, algorithm == AllreduceAlgorithm::kShm);
   const bool on_shm = algorithm == AllreduceAlgorithm::kShm;
   const bool fused = algorithm == AllreduceAlgorithm::kRing && FusedCast::applies(plan, dtype);
   const int size = size_;

@@ -102,6 +102,62 @@ TEST(Frames, KernelsAndAtenGiveTheSameBits) {
   }
 }
 
+// The host path's pipelined form (encode_piece, sum_pieces) against the whole-frame kernels: a frame
+// cut at every kind of place (inside the header's reach, at each value, mid-payload, in the padding,
+// one piece) gives the same bytes and the same sums, for rows that reach every branch of encode.
+TEST(Frames, PiecesGiveTheBitsOfWholeFrames) {
+  for (Wire w : {Wire::kFp16, Wire::kBf16, Wire::kE4m3, Wire::kE5m2}) {
+    const int64_t width = int64_t(compress::wire_bytes(w));
+    for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+      for (int64_t count : {1, 7, 33, 1000}) {
+        const std::string what = std::string(compress::wire_name(w)) + " " + c10::toString(dtype) + " count " +
+                                 std::to_string(count);
+        const auto rows = rows_of(dtype, count);
+        const int64_t n = int64_t(rows.size()), bytes = frame_bytes(count, w);
+        at::Tensor whole = at::empty({n, bytes}, at::kByte);
+        encode(rows, count, 1.0 / 3, w, compress::MxScale::kRceil, whole);
+        // Cuts: the header alone, then values one at a time, then a long piece, then the rest.
+        std::vector<int64_t> cuts{0, payload_offset(w)};
+        for (int64_t b = payload_offset(w) + width; b < std::min(bytes, payload_offset(w) + 4 * width); b += width) {
+          cuts.push_back(b);
+        }
+        if (bytes - cuts.back() > 2 * width) cuts.push_back(cuts.back() + (bytes - cuts.back()) / (2 * width) * width);
+        cuts.push_back(bytes);
+        for (bool one_piece : {false, true}) {
+          const std::vector<int64_t> at_cuts = one_piece ? std::vector<int64_t>{0, bytes} : cuts;
+          at::Tensor pieces = at::full({n, bytes}, 0xAB, at::kByte);
+          std::vector<int32_t> k(static_cast<size_t>(n));
+          for (int64_t r = 0; r < n; ++r) {
+            const at::Tensor row = rows[size_t(r)].contiguous();
+            const int32_t exponent = row_exponent(row, 1.0 / 3, w);
+            for (size_t c = 0; c + 1 < at_cuts.size(); ++c) {
+              encode_piece(row, exponent, 1.0 / 3, w, count, at_cuts[c], at_cuts[c + 1] - at_cuts[c],
+                           pieces[r].mutable_data_ptr<uint8_t>() + at_cuts[c]);
+            }
+          }
+          ASSERT_TRUE(at::equal(pieces, whole)) << what << (one_piece ? " in one piece" : " in pieces") << ": "
+                                                << pieces.ne(whole).sum().item<int64_t>() << " bytes differ";
+          // The owner's sum of every row's frame, piece by piece into out indexed by the frame's units:
+          // the header's units stay as they were.
+          std::vector<const uint8_t*> in;
+          for (int64_t r = 0; r < n; ++r) in.push_back(whole[r].const_data_ptr<uint8_t>());
+          at::Tensor units = at::full({bytes / width}, -1.0f);
+          for (size_t c = 0; c + 1 < at_cuts.size(); ++c) {
+            std::vector<const uint8_t*> at_piece;
+            for (const auto* f : in) at_piece.push_back(f + at_cuts[c]);
+            sum_pieces(at_piece.data(), n, k.data(), w, count, at_cuts[c], at_cuts[c + 1] - at_cuts[c],
+                       units.mutable_data_ptr<float>() + at_cuts[c] / width);
+          }
+          expect_same_bits(units.narrow(0, payload_offset(w) / width, count), sum(whole.unbind(0), count, w,
+                           at::empty({count})), "sum_pieces " + what);
+          EXPECT_TRUE(at::equal(units.narrow(0, 0, payload_offset(w) / width),
+                                at::full({payload_offset(w) / width}, -1.0f))) << "the header's units were written";
+        }
+      }
+    }
+  }
+}
+
 // The exponent puts a row's largest magnitude one binade below the wire's largest, where a power of
 // two is exact: decoding gives back the rounded values, and a well-ranged row what scaling=none gives.
 TEST(Frames, ThePowerOfTwoIsExactWhereNothingOverflowsOrUnderflows) {

@@ -143,15 +143,16 @@ TEST(Policy, Fp32SumsGoAllToAllOffOneHost) {
   EXPECT_EQ(choose_reduce_scatter(SharedMemory::kPerHost, true), AllreduceAlgorithm::kAlltoall);
 }
 
-// Power-of-two frames have no shared-memory form; MX blocks do.
-TEST(Policy, Pow2FramesAlwaysGoAllToAllAndMxBlocksThroughSharedMemoryOnOneHost) {
+// Frames (power-of-two and MX) are cut into pieces that decode alone once a part's exponent is known:
+// through shared memory where every rank has it, else the chunked all-to-all.
+TEST(Policy, FramesGoThroughSharedMemoryOnOneHostElseAllToAll) {
   for (SharedMemory shm : {SharedMemory::kNone, SharedMemory::kOneHost, SharedMemory::kPerHost}) {
-    EXPECT_EQ(choose_allreduce(0, shm, true, Framing::kPerPart), AllreduceAlgorithm::kAlltoall);
-    EXPECT_EQ(choose_reduce_scatter(shm, true, Framing::kPerPart), AllreduceAlgorithm::kAlltoall);
-    // MX blocks decode a chunk at a time: through shared memory where every rank has it.
-    const auto blocks = shm == SharedMemory::kOneHost ? AllreduceAlgorithm::kShm : AllreduceAlgorithm::kAlltoall;
-    EXPECT_EQ(choose_allreduce(0, shm, true, Framing::kBlocks), blocks);
-    EXPECT_EQ(choose_reduce_scatter(shm, true, Framing::kBlocks), blocks);
+    const auto expected = shm == SharedMemory::kOneHost ? AllreduceAlgorithm::kShm : AllreduceAlgorithm::kAlltoall;
+    for (Framing framing : {Framing::kPerPart, Framing::kBlocks}) {
+      EXPECT_EQ(choose_allreduce(0, shm, true, framing), expected);
+      EXPECT_EQ(choose_allreduce(int64_t(1) << 30, shm, true, framing), expected);
+      EXPECT_EQ(choose_reduce_scatter(shm, true, framing), expected);
+    }
   }
 }
 

@@ -112,5 +112,10 @@ struct ChunkedReduction {
 // casting, sending, summing and restoring overlap, and every rank sends and receives at once. kAll
 // and kOwn only. Uses message slots [slot_base, tags::kSecondPhase) and as many from kSecondPhase.
 void reduce_chunked(Comm& comm, const ChunkedReduction& reduction, uint32_t slot_base = 0);
+// An allgather in the same pipeline (reduce_chunked.cpp): this rank's part is produced a chunk at a
+// time and sent to every peer; every part's chunks, this rank's too, are handed to `consume` as they
+// arrive, chunk k's while chunk k+1 is already on its way. Uses slots [slot_base, slot_base + 64).
+void allgather_chunked(Comm& comm, const Parts& parts, size_t elem, const ChunkProduce& produce,
+                       const ChunkConsume& consume, uint32_t slot_base);
 
 }  // namespace cnccl::host

@@ -15,6 +15,12 @@ namespace {
 constexpr size_t kChunkBytes = size_t(1) << 20;
 constexpr size_t kMaxChunks = 64;
 
+// Units a chunk takes of each part, for parts of at most `longest` units of `elem` bytes.
+size_t chunk_units(size_t longest, size_t elem) {
+  const size_t chunk = std::max<size_t>(1, kChunkBytes / std::max<size_t>(elem, 1));
+  return std::max(chunk, (longest + kMaxChunks - 1) / kMaxChunks);
+}
+
 }  // namespace
 
 void reduce_chunked(Comm& comm, const ChunkedReduction& red, uint32_t slot_base) {
@@ -23,8 +29,7 @@ void reduce_chunked(Comm& comm, const ChunkedReduction& red, uint32_t slot_base)
   const Parts& parts = red.parts;
   const size_t elem = red.elem, out_elem = red.out_elem ? red.out_elem : elem;
   const size_t longest = parts.max_length();
-  size_t chunk = std::max<size_t>(1, kChunkBytes / std::max<size_t>(elem, 1));
-  chunk = std::max(chunk, (longest + kMaxChunks - 1) / kMaxChunks);
+  const size_t chunk = chunk_units(longest, elem);
   const size_t chunks = std::max<size_t>(1, (longest + chunk - 1) / chunk);
   size_t units = 0;
   for (int p = 0; p < n; ++p) units = std::max(units, parts.offset[p] + parts.length[p]);
@@ -98,6 +103,42 @@ void reduce_chunked(Comm& comm, const ChunkedReduction& red, uint32_t slot_base)
     if (all && k > 0) deliver_peers(k - 1);
   }
   if (all) deliver_peers(chunks - 1);
+  comm.wait(sent);
+}
+
+void allgather_chunked(Comm& comm, const Parts& parts, size_t elem, const ChunkProduce& produce,
+                       const ChunkConsume& consume, uint32_t slot_base) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t longest = parts.max_length(), chunk = chunk_units(longest, elem);
+  const size_t chunks = std::max<size_t>(1, (longest + chunk - 1) / chunk);
+  size_t units = 0;
+  for (int p = 0; p < n; ++p) units = std::max(units, parts.offset[p] + parts.length[p]);
+  auto count = [&](size_t k, int p) { return std::min(chunk, parts.length[p] - std::min(k * chunk, parts.length[p])); };
+  auto first = [&](size_t k, int p) { return parts.offset[p] + k * chunk; };
+  char* data = comm.scratch().algorithm(units * elem);
+
+  std::vector<Pending> pieces(chunks * size_t(n)), sent;
+  for (size_t k = 0; k < chunks; ++k) {
+    for (int q = 0; q < n; ++q) {
+      if (q != r && count(k, q)) pieces[k * n + q] = comm.recv(q, slot_base + uint32_t(k), data + first(k, q) * elem,
+                                                               count(k, q) * elem);
+    }
+  }
+  auto start = [&](size_t k) {
+    if (!count(k, r)) return;
+    char* piece = data + first(k, r) * elem;
+    produce(first(k, r), count(k, r), piece);
+    for (int i = 1; i < n; ++i) sent.push_back(comm.send((r + i) % n, slot_base + uint32_t(k), piece, count(k, r) * elem));
+  };
+  start(0);
+  for (size_t k = 0; k < chunks; ++k) {
+    if (k + 1 < chunks) start(k + 1);
+    for (int q = 0; q < n; ++q) {
+      if (!count(k, q)) continue;
+      if (q != r) comm.wait(pieces[k * n + q]);
+      consume(first(k, q), count(k, q), data + first(k, q) * elem);
+    }
+  }
   comm.wait(sent);
 }
 

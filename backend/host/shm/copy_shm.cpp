@@ -8,7 +8,8 @@
 
 namespace cnccl::host {
 
-void allgather_shm(ShmComm& shm, char* data, const Parts& parts, size_t elem) {
+void allgather_shm(ShmComm& shm, char* data, const Parts& parts, size_t elem, const ChunkProduce& produce,
+                   const ChunkConsume& consume) {
   const int rank = shm.rank();
   const size_t chunk = std::max<size_t>(1, ShmComm::kSlotBytes / elem);
   const size_t chunks = std::max<size_t>(1, (parts.max_length() + chunk - 1) / chunk);
@@ -17,12 +18,23 @@ void allgather_shm(ShmComm& shm, char* data, const Parts& parts, size_t elem) {
     auto count = [&](int part) { return std::min(chunk, parts.length[part] - std::min(first, parts.length[part])); };
     auto at = [&](int part) { return data + (parts.offset[part] + first) * elem; };
     const uint64_t step = shm.acquire();
-    copy_bytes(shm.contribution(rank, step), at(rank), count(rank) * elem);
+    if (count(rank)) {
+      if (produce) {
+        produce(parts.offset[rank] + first, count(rank), shm.contribution(rank, step));
+      } else {
+        copy_bytes(shm.contribution(rank, step), at(rank), count(rank) * elem);
+      }
+    }
     shm.count_published(count(rank) * elem);
     shm.post(ShmComm::kPosted, step);
     shm.wait_all(ShmComm::kPosted, step);
     for (int q = 0; q < shm.size(); ++q) {
-      if (q != rank) copy_bytes(at(q), shm.contribution(q, step), count(q) * elem);
+      if (!count(q)) continue;
+      if (consume) {
+        consume(parts.offset[q] + first, count(q), shm.contribution(q, step));
+      } else if (q != rank) {
+        copy_bytes(at(q), shm.contribution(q, step), count(q) * elem);
+      }
     }
     shm.post(ShmComm::kReleased, step);
   }

@@ -19,8 +19,11 @@ void reduce_shm(ShmComm& shm, const ChunkedReduction& reduction);
 // memory (each local rank owns part l), each part allreduced with `reduce` among its owners on every
 // host over `across` (ring or direct by size), then allgathered through shared memory.
 void allreduce_hierarchical(ShmComm& shm, Comm& across, const ChunkedReduction& local, const Reducer& reduce);
-// Through shared memory (copy_shm.cpp): as allgather_ring, and as broadcast_direct.
-void allgather_shm(ShmComm& shm, char* data, const Parts& parts, size_t elem);
+// Through shared memory (copy_shm.cpp): as allgather_ring, and as broadcast_direct. allgather_shm's
+// `produce` writes this rank's piece of each chunk into its slot (data is not read then), and its
+// `consume` takes every part's piece from the slots, this rank's too (data is not written then).
+void allgather_shm(ShmComm& shm, char* data, const Parts& parts, size_t elem, const ChunkProduce& produce = nullptr,
+                   const ChunkConsume& consume = nullptr);
 void broadcast_shm(ShmComm& shm, char* data, size_t bytes, int root);
 
 }  // namespace cnccl::host

@@ -1,14 +1,18 @@
-// reduce_chunked (backend/host/algorithms/reduce_chunked.cpp) over the in-memory transport: every rank's
-// contribution reaches each unit's owner in rank order, chunk by chunk, and the results land where
-// the deliver mode says (every rank, through a consumer, or each owner's part alone in a wider type);
-// and a rank that sends a piece of the wrong size fails naming it, never truncates.
+// reduce_chunked and allgather_chunked (backend/host/algorithms/reduce_chunked.cpp) over the in-memory
+// transport: every rank's contribution reaches each unit's owner in rank order, chunk by chunk, and
+// the results land where the deliver mode says (every rank, through a consumer, or each owner's part
+// alone in a wider type); an allgather hands every part's chunks to the consumer once each, in
+// order, produced by their owner alone; and a rank that sends a piece of the wrong size fails naming
+// it, never truncates.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "backend/host/algorithms/algorithms.h"
+#include "backend/host/transport/tags.h"
 #include "tests/cpp/host/transport/memory_transport.h"
 #include "tests/cpp/host/values.h"
 
@@ -107,6 +111,49 @@ TEST(ChunkedAlgorithm, ReduceScatterLeavesEachOwnerItsPartAloneInTheWiderType) {
         for (size_t j = 0; j < parts.length[r]; ++j) {
           ASSERT_EQ(out[r][j], sum_over_ranks(size, parts.offset[r] + j))
               << "size " << size << " count " << count << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(ChunkedAlgorithm, AnAllgatherHandsEveryPartsChunksToTheConsumerOnceInOrder) {
+  std::vector<size_t> sizes = counts();
+  sizes.push_back(size_t(3) << 18);  // 3 MiB of int32: several chunks a part
+  for (int size : world_sizes()) {
+    for (size_t count : sizes) {
+      const Parts parts = Parts::even(count, size);
+      std::vector<std::vector<int32_t>> out(size, std::vector<int32_t>(count, 7));
+      std::vector<std::string> problems(size);
+      expect_no_errors(on_ranks(size, [&](Comm& comm) {
+        const int r = comm.rank();
+        std::vector<size_t> next(size_t(size), 0);  // each part's next unit, for the order check
+        allgather_chunked(
+            comm, parts, 4,
+            [&](size_t first, size_t n, char* dst) {
+              if (first < parts.offset[r] || first + n > parts.offset[r] + parts.length[r]) {
+                problems[r] = "produced units outside this rank's part";
+              }
+              for (size_t j = 0; j < n; ++j) reinterpret_cast<int32_t*>(dst)[j] = value(r, first + j);
+            },
+            [&](size_t first, size_t n, const char* piece) {
+              int q = 0;
+              while (q + 1 < size && first >= parts.offset[q + 1]) ++q;
+              if (first != parts.offset[q] + next[q]) problems[r] = "a part's chunks came out of order or twice";
+              next[q] += n;
+              std::memcpy(out[r].data() + first, piece, n * 4);
+            },
+            tags::kSecondPhase);
+        for (int q = 0; q < size; ++q) {
+          if (next[q] != parts.length[q]) problems[r] = "part " + std::to_string(q) + " was not handed over whole";
+        }
+      }));
+      for (int r = 0; r < size; ++r) {
+        EXPECT_EQ(problems[r], "") << "size " << size << " count " << count << " rank " << r;
+        int q = 0;
+        for (size_t i = 0; i < count; ++i) {
+          while (q + 1 < size && i >= parts.offset[q + 1]) ++q;
+          ASSERT_EQ(out[r][i], value(q, i)) << "size " << size << " count " << count << " rank " << r << " unit " << i;
         }
       }
     }

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <thread>
 
 #include "backend/host/algorithms/algorithms.h"
@@ -185,6 +186,45 @@ TEST(Shm, AllgatherFillsEveryPartEverywhere) {
         for (int p = 0; p < size; ++p) {
           for (size_t i = parts.offset[p]; i < parts.offset[p] + parts.length[p]; ++i) {
             ASSERT_EQ(data[r][i], value(p, i)) << "size " << size << " count " << count << " rank " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+// With a producer and a consumer nothing is read from or written to data: the owner writes its piece
+// into its slot, and every part's pieces, the rank's own too, go to the consumer once each, in order.
+TEST(Shm, AllgatherWithAProducerAndAConsumerHandsOverEveryPieceOnce) {
+  for (int size : {1, 2, 3, 5}) {
+    for (size_t count : kCounts) {
+      const Parts parts = Parts::even(count, size);
+      std::vector<std::vector<int32_t>> out(size, std::vector<int32_t>(count, -1));
+      std::vector<std::string> problems(size);
+      expect_no_errors(on_shm_ranks(size, [&](ShmComm& shm) {
+        const int r = shm.rank();
+        std::vector<size_t> next(size_t(size), 0);
+        allgather_shm(
+            shm, nullptr, parts, 4,
+            [&](size_t first, size_t n, char* dst) {
+              for (size_t j = 0; j < n; ++j) reinterpret_cast<int32_t*>(dst)[j] = value(r, first + j);
+            },
+            [&](size_t first, size_t n, const char* piece) {
+              int q = 0;
+              while (q + 1 < size && first >= parts.offset[q + 1]) ++q;
+              if (first != parts.offset[q] + next[q]) problems[r] = "a part's pieces came out of order or twice";
+              next[q] += n;
+              std::memcpy(out[r].data() + first, piece, n * 4);
+            });
+        for (int q = 0; q < size; ++q) {
+          if (next[q] != parts.length[q]) problems[r] = "part " + std::to_string(q) + " was not handed over whole";
+        }
+      }));
+      for (int r = 0; r < size; ++r) {
+        EXPECT_EQ(problems[r], "") << "size " << size << " count " << count << " rank " << r;
+        for (int p = 0; p < size; ++p) {
+          for (size_t i = parts.offset[p]; i < parts.offset[p] + parts.length[p]; ++i) {
+            ASSERT_EQ(out[r][i], value(p, i)) << "size " << size << " count " << count << " rank " << r;
           }
         }
       }
