@@ -8,6 +8,7 @@
 
 #include "backend/frames.h"
 #include "backend/process_group.h"
+#include "backend/release_gate.h"
 #include "compress/codec.h"
 
 namespace py = pybind11;
@@ -53,6 +54,10 @@ PYBIND11_DECLARE_HOLDER_TYPE(T, IntrusivePtrNoGilDestructor<T>, true)
 PYBIND11_MODULE(_C, m) {
   py::module_::import("torch._C._distributed_c10d");
   m.doc() = "cnccl: a c10d backend that sends fp32 gradients as fp16/bf16";
+  // Before finalization, so that cnccl's threads stop releasing Python-owned tensors
+  // (backend/release_gate.h).
+  m.def("_close_release_gate", &cnccl::release_gate::close, py::call_guard<py::gil_scoped_release>());
+  py::module_::import("atexit").attr("register")(m.attr("_close_release_gate"));
 
   py::class_<cnccl::Options, c10d::Backend::Options, c10::intrusive_ptr<cnccl::Options>>(m, "Options", R"(
 Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_process_group`` or

@@ -10,6 +10,7 @@
 #include "backend/checks.h"
 #include "backend/composed/composed_work.h"
 #include "backend/frames.h"
+#include "backend/release_gate.h"
 #include "backend/wide_data.h"
 #include "backend/work.h"
 
@@ -548,12 +549,20 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, const Timing& t
   const bool all_done = std::all_of(futures.begin(), futures.end(), [](const FuturePtr& f) { return f->completed(); });
   if (all_done) {
     restore();
-  } else if (futures.size() == 1) {
-    futures[0]->addCallback([restore](c10::ivalue::Future&) { restore(); });
   } else {
-    c10::List<FuturePtr> list(c10::FutureType::create(c10::AnyType::get()));
-    for (const auto& f : futures) list.push_back(f);
-    c10::collectAll(list)->addCallback([restore](c10::ivalue::Future&) { restore(); });
+    // The engine's thread runs it and then drops it, perhaps with the last reference to a caller's
+    // tensors: released through the gate (docs/design.md, "Threads").
+    auto on_done = [restore = std::function<void()>(restore)](c10::ivalue::Future&) mutable {
+      restore();
+      release_gate::drop(restore);
+    };
+    if (futures.size() == 1) {
+      futures[0]->addCallback(std::move(on_done));
+    } else {
+      c10::List<FuturePtr> list(c10::FutureType::create(c10::AnyType::get()));
+      for (const auto& f : futures) list.push_back(f);
+      c10::collectAll(list)->addCallback(std::move(on_done));
+    }
   }
   if (!timing.async_op) work->wait();
   return work;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "backend/composed/composed_work.h"
+#include "backend/release_gate.h"
 #include "backend/signature.h"
 #include "backend/work.h"
 
@@ -29,6 +30,7 @@ constexpr size_t kSignatureBytes = 256;
 // A test-only pause at a named point of the issuer thread, so that a test can destroy or abort a
 // group exactly there (tests/python/test_threads.py): CNCCL_TEST_ISSUER_DELAY="<point>:<ms>".
 constexpr const char* kBeforeIssue = "before_issue";  // agreed and not settled; the engine not yet called
+constexpr const char* kBeforeRelease = "before_release";  // a work completed; the completion not yet dropped
 
 void delay_for_tests(const char* point) {
   static const std::string chosen = [] {
@@ -85,8 +87,15 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
 
   void post(std::function<void()> completion) {
     std::unique_lock<std::mutex> lock(done_mutex);
+    if (closing) {
+      // close() has joined the completion threads: an abort() racing it completes its works here.
+      lock.unlock();
+      return completion();
+    }
     done_queue.push_back(std::move(completion));
-    if (done_idle > 0) {
+    // Each queued completion has an idle thread of its own (one woken may not have taken its job
+    // yet), so none waits behind a callback that waits for it.
+    if (done_queue.size() <= size_t(done_idle)) {
       lock.unlock();
       done_cv.notify_one();
       return;
@@ -109,6 +118,9 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
       done_queue.pop_front();
       lock.unlock();
       next();
+      delay_for_tests(kBeforeRelease);
+      // The work may hold the last reference to a caller's tensors (docs/design.md, "Threads").
+      release_gate::drop(next);
       lock.lock();
     }
     done_ended.push_back(std::this_thread::get_id());
@@ -238,10 +250,7 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
         if (job->settled || !stopped.empty()) return;
         job->issued = true;
       }
-      // Released on this thread when run() returns: the closure owns the composed path, and with
-      // it the engine, which must never be released on gloo's thread (docs/design.md, "Threads").
-      const Issuer::Issue issue = std::move(job->issue);
-      auto inner = issue();
+      auto inner = job->issue();
       if (!inner) return settle(job, nullptr);  // the engine ran it synchronously
       c10::intrusive_ptr<c10::ivalue::Future> future;
       try {
@@ -255,15 +264,24 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
         ++engine_callbacks;
       }
       // Runs on gloo's thread. ~Issuer waits for it, so the state outlives it.
-      future->addCallback([this, job](c10::ivalue::Future& f) {
+      future->addCallback([this, job = job](c10::ivalue::Future& f) mutable {
         settle(job, f.hasError() ? as_backend_error(f.exception_ptr(), job->what) : nullptr);
+        release_gate::drop(job);  // may be the work's last reference, on gloo's thread
         std::lock_guard<std::mutex> lock(done_mutex);
         --engine_callbacks;
         engine_cv.notify_all();
       });
     } catch (...) {
       const std::string msg = message_of(std::current_exception());
-      settle(job, std::make_exception_ptr(backend_error(msg + " (the caller's tensors were not modified)")));
+      bool issued;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        issued = job->issued;
+      }
+      // Once issued, the engine may have written some outputs (a coalesced call's earlier dtypes).
+      settle(job, std::make_exception_ptr(backend_error(
+                      msg + (issued ? " (the caller's tensors may hold partial results)"
+                                    : " (the caller's tensors were not modified)"))));
     }
   }
 };
@@ -283,6 +301,11 @@ Issuer::Issuer(c10::intrusive_ptr<c10d::Backend> engine, std::string group_name)
       state->queue.pop_front();
       lock.unlock();
       if (!job->settled) state->run(job);
+      // The closure owns the composed path, and with it the engine, which must never be released
+      // on gloo's thread, where the job itself may end: it goes here (docs/design.md, "Threads").
+      // Either may hold the last reference to a caller's tensors.
+      release_gate::drop(job->issue);
+      release_gate::drop(job);
       lock.lock();
     }
   });
@@ -292,17 +315,21 @@ Issuer::~Issuer() { close("the process group was destroyed"); }
 
 void Issuer::close(const std::string& why) {
   abort(why);
-  if (!thread_.joinable()) return;  // closed before
+  // One close does the joining; another (a callback calling shutdown() while a close joins its
+  // thread, or the destructor after shutdown()) has nothing left to do.
+  if (closed_.exchange(true)) return;
   // The issuer thread ends after the job it runs, which waits on peers at most its timeout; the
   // engine's callbacks come when gloo finishes what it was given, within the same bound.
   const auto self = std::this_thread::get_id();
-  if (thread_.get_id() == self) {
-    // The group's last reference was dropped by a job's closure on the issuer thread itself: it
-    // cannot join itself, and its own reference keeps the state alive until it returns.
+  // Closed from one of our own threads, that thread cannot join itself: its own reference keeps
+  // the state alive until it returns (the issuer runs no further job: stopped is set), and the
+  // engine goes with the state then.
+  bool on_our_thread = thread_.get_id() == self;
+  if (on_our_thread) {
     thread_.detach();
-    return;
+  } else {
+    thread_.join();
   }
-  thread_.join();
   std::vector<std::thread> threads;
   {
     std::unique_lock<std::mutex> lock(state_->done_mutex);
@@ -311,19 +338,16 @@ void Issuer::close(const std::string& why) {
     threads = std::move(state_->done_threads);
   }
   state_->done_cv.notify_all();
-  bool on_completion_thread = false;
   for (auto& t : threads) {
     if (t.get_id() == self) {
-      // A completion (a user's callback) dropped the group's last reference: this thread ends when
-      // the callback returns, holding its own reference to the state until then.
-      t.detach();
-      on_completion_thread = true;
+      t.detach();  // a completion (a user's callback) closed the group
+      on_our_thread = true;
     } else {
       t.join();
     }
   }
   // Nothing of ours can reach the engine any more: it is released here, never on gloo's threads.
-  if (!on_completion_thread) state_->engine.reset();
+  if (!on_our_thread) state_->engine.reset();
 }
 
 c10::intrusive_ptr<c10d::Work> Issuer::submit(c10d::OpType type, const char* name, uint64_t seq, std::string signature,

@@ -8,6 +8,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -41,8 +42,9 @@ class Issuer {
 
  private:
   std::shared_ptr<State> state_;
-  // Started here, joined by the destructor, as are the completion threads the state starts.
+  // Started here, joined by close(), as are the completion threads the state starts.
   std::thread thread_;
+  std::atomic<bool> closed_{false};
 };
 
 }  // namespace cnccl::composed

@@ -6,6 +6,8 @@
 #include <immintrin.h>
 #endif
 
+#include "backend/release_gate.h"
+
 namespace cnccl::host {
 namespace {
 
@@ -121,6 +123,7 @@ void Executor::finish_leading_here(std::unique_lock<std::mutex>& lock) {
   running_completions_of = this;
   for (auto& completion : done) completion();
   running_completions_of = outer;
+  release_gate::drop(done);
 }
 
 void Executor::defer(std::function<void()> completion) { completions_.push_back(std::move(completion)); }
@@ -174,10 +177,11 @@ void Executor::complete(std::unique_lock<std::mutex>& lock) {
   done.swap(completions_);
   lock.unlock();
   for (auto& completion : done) completion();
+  release_gate::drop(done);
   lock.lock();
 }
 
-bool Executor::on_own_thread() const { return own_thread_of == this; }
+bool Executor::on_own_thread(const Executor* executor) { return own_thread_of == executor; }
 
 void Executor::loop() {
   own_thread_of = this;
@@ -206,6 +210,8 @@ void Executor::loop() {
     running_completions_of = this;
     for (auto& completion : done) completion();
     running_completions_of = nullptr;
+    // Works and jobs may hold the last reference to a caller's tensors (docs/design.md, "Threads").
+    release_gate::drop(done);
     if (orphaned) return;  // a completion stopped this executor, which is gone
     lock.lock();
   }
@@ -232,6 +238,7 @@ void Executor::lead(std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   if (job) {
     job();
+    release_gate::drop(job);
   } else {
     if (stopping) comm_.abort("the process group was shut down");
     while (comm_.poll()) {

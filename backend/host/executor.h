@@ -40,8 +40,9 @@ class Executor {
   // Runs the queued jobs up to the one with `ticket` on this thread, then their completions, when
   // no thread leads and none has started that job; otherwise returns false.
   bool help(uint64_t ticket);
-  // Whether this thread is one of the executor's own (not a caller's leading through run_here/help).
-  bool on_own_thread() const;
+  // Whether this thread is one of `executor`'s own (not a caller's leading through run_here/help).
+  // Compares addresses only: safe while another thread destroys that executor.
+  static bool on_own_thread(const Executor* executor);
   // Called by a job (or a point-to-point completion) on the leading thread: `completion` runs
   // after that thread has handed the lead on.
   void defer(std::function<void()> completion);

@@ -203,11 +203,12 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
     char* y = direct ? static_cast<char*>(tensor.data_ptr()) : b.workspace + sums_bytes;
     const ChunkConsume restore = [=](size_t first, size_t len, const char* piece) {
       const size_t q = first / units;
-      if (wrote) *wrote = true;
       const int64_t from_value = int64_t(q) * count;
+      if (from_value >= n) return;  // a part past the tensor's end (n < size): nothing of it is read, as restore()
       frames::restore_piece(reinterpret_cast<const uint8_t*>(piece), &(*told)[q], int64_t(q), plan.wire, count,
-                            std::clamp<int64_t>(n - from_value, 0, count), int64_t((first - q * units) * width),
+                            std::min<int64_t>(n - from_value, count), int64_t((first - q * units) * width),
                             int64_t(len * width), plan.post_scale, dtype, y + from_value * int64_t(wide));
+      if (wrote) *wrote = true;  // after the header's check: a bad one writes nothing
     };
     const Parts parts = Parts::equal(units, size);
     if (on_shm) return allgather_shm(*shm_, nullptr, parts, width, timed_producer(frame_sum), timed_consumer(restore));

@@ -89,6 +89,7 @@ HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int s
     no_shm_because_ = "a single rank";
   }
   executor_ = std::make_shared<Executor>(*comm_);
+  executor_id_ = executor_.get();
 }
 
 HostPath::~HostPath() { shutdown(); }
@@ -118,13 +119,27 @@ void HostPath::abort() {
 }
 
 void HostPath::shutdown() {
-  if (!executor_) return;
+  {
+    std::unique_lock<std::mutex> lock(shutdown_mutex_);
+    if (shutdown_started_) {
+      // Another thread shuts down (or did): it joins the executor's threads, so one of them (a
+      // callback that shuts the group down) returns at once, and any other waits until it is done,
+      // as the group may be destroyed when it returns.
+      if (!Executor::on_own_thread(executor_id_)) shutdown_cv_.wait(lock, [&] { return shutdown_done_; });
+      return;
+    }
+    shutdown_started_ = true;
+  }
   // As with NCCL: operations still outstanding end with an error instead of waiting on peers.
   comm_->abort("shutdown() was called on the process group");
   if (shm_) shm_->abort("shutdown() was called on the process group");
   if (cross_) cross_->abort("shutdown() was called on the process group");
   executor_->stop();
   executor_.reset();
+  // Notified under the lock: a waiter may destroy the group as soon as it returns.
+  std::lock_guard<std::mutex> lock(shutdown_mutex_);
+  shutdown_done_ = true;
+  shutdown_cv_.notify_all();
 }
 
 c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> steps) {
@@ -137,7 +152,7 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
   const bool here = runs_on_caller_thread(call.async_op);
   std::function<void()> job = [this, work, seq, call = std::move(call), steps = std::move(steps)] {
     const bool posts = broken_.empty();  // a broken group fails the call before any message
-    if (!executor_->on_own_thread()) stats_.caller_thread_collectives += 1;
+    if (!Executor::on_own_thread(executor_id_)) stats_.caller_thread_collectives += 1;
     const CastCensus census(&stats_, config_.telemetry);  // one for the call: a coalesced one is many steps
     try {
       if (!broken_.empty()) {

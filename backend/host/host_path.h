@@ -10,9 +10,11 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "backend/call.h"
@@ -160,6 +162,13 @@ class HostPath final : public c10d::Backend {
   std::string broken_;  // executor thread only: the first failure, after which the group is unusable
   // Shared with the works' helpers (HostWork::set_helper), which hold it weakly.
   std::shared_ptr<Executor> executor_;
+  const Executor* executor_id_ = nullptr;  // its address, compared with (never read) once it is gone
+  // shutdown() runs once, perhaps from a callback on an executor thread while a caller's thread
+  // shuts the group down too.
+  std::mutex shutdown_mutex_;
+  std::condition_variable shutdown_cv_;
+  bool shutdown_started_ = false;
+  bool shutdown_done_ = false;
 };
 
 }  // namespace cnccl::host

@@ -152,6 +152,21 @@ TEST(Frames, PiecesGiveTheBitsOfWholeFrames) {
                            at::empty({count})), "sum_pieces " + what);
           EXPECT_TRUE(at::equal(units.narrow(0, 0, payload_offset(w) / width),
                                 at::full({payload_offset(w) / width}, -1.0f))) << "the header's units were written";
+          // Restored piece by piece, into fp32 and fp64, the last frame's values cut short: restore()'s bits.
+          for (at::ScalarType out : {at::kFloat, at::kDouble}) {
+            const int64_t total = n * count - 2;
+            at::Tensor want = at::empty({total}, out), got = at::full({total}, -1.0, out);
+            restore(whole, count, w, 3.0, want);
+            for (int64_t r = 0; r * count < total; ++r) {
+              int32_t told = 0;
+              for (size_t c = 0; c + 1 < at_cuts.size(); ++c) {
+                restore_piece(whole[r].const_data_ptr<uint8_t>() + at_cuts[c], &told, r, w, count,
+                              std::min(count, total - r * count), at_cuts[c], at_cuts[c + 1] - at_cuts[c], 3.0, out,
+                              static_cast<char*>(got.data_ptr()) + r * count * got.element_size());
+              }
+            }
+            expect_same_bits(got, want, "restore_piece " + what);
+          }
         }
       }
     }

@@ -150,6 +150,25 @@ TEST_P(Threads, TheLastReferenceDroppedInACallbackShutsTheGroupDownOnItsOwnThrea
   EXPECT_TRUE(ran->load());
 }
 
+TEST_P(Threads, ShutdownFromACallbackWhileTheCallerShutsTheGroupDownReturnsOnBoth) {
+  // The callback's shutdown() and the caller's race: one does the joining (the caller's joins the
+  // callback's thread, which must not join anything itself), both return, nothing is joined twice.
+  on_ranks(2, [](int rank, Group pg) {
+    std::vector<at::Tensor> t{at::ones({1024})};
+    auto future = pg->allreduce(t)->getFuture();
+    auto called = std::make_shared<std::atomic<bool>>(false);
+    future->addCallback([raw = pg.get(), called](c10::ivalue::Future&) {
+      raw->shutdown();
+      called->store(true);
+    });
+    future->wait();
+    pg->shutdown();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!called->load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    EXPECT_TRUE(called->load()) << "rank " << rank << ": the callback's shutdown() did not return";
+  });
+}
+
 TEST_P(Threads, AbortFromAnotherThreadEndsOutstandingWork) {
   // Waited for at once, so run on this thread (Executor::help) unless the executor's began it;
   // abort() comes while the caller waits, in either place. One chunk through shared memory, and many.

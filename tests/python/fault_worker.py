@@ -87,7 +87,8 @@ def p2p(rank, world, pending):
 
 OPS = {"allreduce": allreduce, "sync_allreduce": sync_allreduce, "all_to_all": all_to_all, "gather": gather,
        "p2p": p2p,
-       # allreduce in power-of-two frames: on a shared-memory group its frames go over UCX.
+       # allreduce in power-of-two frames: pieces through shared memory on one host, an all-to-all
+       # over UCX alone.
        "pow2": allreduce}
 
 

@@ -1,5 +1,5 @@
 """A rank killed with SIGKILL in a stream of collectives, through shared memory and over UCX, and in
-the collectives a shared-memory group sends over UCX (all_to_all, gather, point-to-point, frames):
+the collectives a shared-memory group sends over UCX (all_to_all, gather, point-to-point), and allreduces in power-of-two frames:
 every survivor gets a DistBackendError naming the dead rank well before the group's timeout, never
 an abort, the reduction that failed leaves its tensor as it was (or, for a shared-memory allreduce
 without CNCCL_UNTOUCHED_ON_FAILURE, each element as it was or its result), destroy_process_group()
@@ -40,16 +40,16 @@ def dev_shm_files():
     return {name for name in os.listdir("/dev/shm") if "cnccl" in name or "ucx" in name}
 
 
-def run(world_size, victim, engine, op, when, hook=None, untouched=False):
+def run(world_size, victim, engine, op, when, hook=None, untouched=False, collective=None):
     out = tempfile.mkdtemp(prefix="cnccl-faults-")
     here = os.path.dirname(os.path.abspath(__file__))
     dev_shm_before = dev_shm_files()
     env = {**engine_env(engine), **({hook[0]: f"{victim}:{hook[1]}"} if hook else {})}
     if untouched:
         env["CNCCL_UNTOUCHED_ON_FAILURE"] = "1"
-    # Only the shared-memory allreduce writes results as they arrive (docs/design.md, "Where an
-    # allreduce's results land").
-    may_be_partial = engine == "shm" and op == "allreduce" and not untouched
+    # Only the shared-memory allreduce and allreduces in frames write results as they arrive
+    # (docs/design.md, "Where an allreduce's results land"; docs/usage.md, failure semantics).
+    may_be_partial = ((engine == "shm" and op == "allreduce") or op == "pow2") and not untouched
     store, procs = launch([os.path.join(here, "fault_worker.py"), str(victim), "3", str(GROUP_TIMEOUT), when, op],
                           world_size, env, out)
     codes = wait_all(procs, 120)
@@ -57,6 +57,7 @@ def run(world_size, victim, engine, op, when, hook=None, untouched=False):
     assert dev_shm_files() - dev_shm_before == set(), "files left in /dev/shm"
     assert sysv_segments_created_by({p.pid for p in procs}) == [], "SysV segments left behind"
     assert codes[victim] == -9, f"the victim should have died of SIGKILL, exit codes {codes}"
+    failed_in = []  # the collective each survivor's error names
     for rank in range(world_size):
         if rank == victim:
             continue
@@ -65,6 +66,7 @@ def run(world_size, victim, engine, op, when, hook=None, untouched=False):
             result = json.load(f)
         assert result["error"], f"rank {rank} saw no error: {result}"
         assert "cnccl" in result["error"], result
+        failed_in.append(result["error"].split(" (")[0])
         # The peer it waited on: the victim itself, or (at 3+ ranks) a survivor that failed on it.
         peer = re.search(r"\[peer rank (\d+)\]|rank (\d+) reported", result["error"])
         assert peer and int(peer.group(1) or peer.group(2)) != rank, result
@@ -75,6 +77,9 @@ def run(world_size, victim, engine, op, when, hook=None, untouched=False):
         assert result["seconds_to_error"] < DETECTION_SECONDS, result
         assert result["destroy_seconds"] < 15, result
         assert result["segments_mapped"] == [], result
+    # The kill lands inside that collective: some survivor fails in it (another may have had all it
+    # needed from the victim, and fail in the next one).
+    assert collective is None or f"cnccl: {collective}" in failed_in, failed_in
 
 
 @pytest.mark.parametrize("engine", ["shm", "ucx"])
@@ -106,8 +111,28 @@ def test_sigkilled_during_an_allreduce_on_the_callers_thread(world_size, victim)
     run(world_size, victim, "shm", "sync_allreduce", "during", (SHM_STEP, 7))
 
 
+# Allreduces in power-of-two frames (4 MiB of fp32, fp16 frames): pieces through shared memory on one
+# host, an all-to-all of chunks pipelined over UCX alone. The kill lands inside the first allreduce
+# (the 5th shared-memory step: at least 8 per allreduce here, more where ranks spin on cores of their
+# own) or inside the second (the 3rd large UCX send: one chunk each way per ring).
+@pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 0), (4, 2)])
+@pytest.mark.parametrize("engine,hook", [("shm", (SHM_STEP, 5)), ("ucx", (LARGE_SEND, 3))])
+def test_sigkilled_during_an_allreduce_in_frames(world_size, victim, engine, hook):
+    run(world_size, victim, engine, "pow2", "during", hook, collective="allreduce")
+
+
+# ... and with the tensor kept as it was until the last frame is in: kills late enough that without
+# CNCCL_UNTOUCHED_ON_FAILURE the survivors' tensors are partly written (on this 2-core machine: the
+# shared-memory step count depends on whether ranks have cores of their own, the UCX one does not).
+@pytest.mark.parametrize("world_size,victim,engine,hook", [(4, 2, "shm", (SHM_STEP, 6)),
+                                                           (2, 1, "ucx", (LARGE_SEND, 4)),
+                                                           (4, 2, "ucx", (LARGE_SEND, 5))])
+def test_sigkilled_during_an_allreduce_in_frames_that_leaves_its_tensor_untouched(world_size, victim, engine, hook):
+    run(world_size, victim, engine, "pow2", "during", hook, untouched=True, collective="allreduce")
+
+
 # On a shared-memory group with UCX's default transports, the collectives that go over UCX; the
 # victim dies right after posting its 3rd large send (gather: a non-root, the root sends nothing).
-@pytest.mark.parametrize("op,victim", [("all_to_all", 0), ("gather", 1), ("p2p", 1), ("pow2", 0)])
+@pytest.mark.parametrize("op,victim", [("all_to_all", 0), ("gather", 1), ("p2p", 1)])
 def test_sigkilled_during_a_collective_over_ucx_on_a_shared_memory_group(op, victim):
     run(2, victim, "shm", op, "during", (LARGE_SEND, 3))

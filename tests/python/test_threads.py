@@ -27,10 +27,29 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BOUND_S = 2.0
 PAUSE_MS = 1500  # the issuer's pause before it issues a job (the mid-issue test)
 EXITS = 5  # runs of the exit test per engine (each a fresh job)
+RELEASE_PAUSE_MS = 300  # a completion thread's pause before it drops a completed work
+HOLD_S = 1.0  # an exit handler keeps the GIL that long, past the pause
+FINALIZE_S = 1.0  # then finalization lasts that long
 
 
 def threads():
     return len(os.listdir("/proc/self/task"))
+
+
+class SlowToFinalize:
+    """Held by a module global: the interpreter drops it while it finalizes, and then waits."""
+
+    def __del__(self, sleep=time.sleep):
+        sleep(FINALIZE_S)  # releases the GIL, as the engines' teardown there does
+
+
+def hold_the_gil():
+    """An exit handler that keeps the GIL for HOLD_S, as a long one does: threads that ask for it then
+    wait, and get it only once the interpreter is finalizing."""
+    sys.setswitchinterval(10 * HOLD_S)
+    end = time.monotonic() + HOLD_S
+    while time.monotonic() < end:
+        pass
 
 
 def rank_main(mode, engine):
@@ -85,7 +104,15 @@ def rank_main(mode, engine):
             json.dump({"error": error, "unchanged": bool((t == 1).all()), "ended_s": ended_s}, f)
         dist.destroy_process_group()
         return
-    if mode == "exit":
+    if mode in ("exit", "exit_finalizing_slowly"):
+        if mode == "exit_finalizing_slowly":
+            global finalizing_slowly
+            finalizing_slowly = SlowToFinalize()
+            import atexit
+
+            from cnccl import _C  # noqa: F401 - its exit handler first, so the one below runs before it
+
+            atexit.register(hold_the_gil)
         kept = [dist.new_group(backend="cnccl", pg_options=cnccl.Options(**options)) for _ in range(2)]
         works = [use(g) for g in kept]
         dist.barrier()
@@ -134,6 +161,18 @@ def test_a_job_that_never_destroys_its_groups_exits_cleanly(engine):
     for attempt in range(EXITS):
         _, codes = run("exit", engine)
         assert codes == [0, 0], f"run {attempt + 1} of {EXITS} on {engine}: ranks exited with {codes}"
+
+
+def test_a_job_that_exits_while_a_completion_still_holds_its_work_exits_cleanly():
+    # Each completion thread pauses after completing a work and before dropping it; meanwhile the
+    # job exits and an exit handler holds the GIL, so the drop of the job's last works (whose tensors
+    # hold PyObjects) waits for the GIL and would get it only once the interpreter finalizes, and a
+    # thread that is not Python's and gets the GIL then is ended by pthread_exit: the process aborts
+    # ("terminate called without an active exception"). The release gate (backend/release_gate.h)
+    # closes at exit after those drops end, and leaks later ones.
+    for attempt in range(2):
+        _, codes = run("exit_finalizing_slowly", "gloo", env={"CNCCL_TEST_ISSUER_DELAY": f"before_release:{RELEASE_PAUSE_MS}"})
+        assert codes == [0, 0], f"run {attempt + 1}: ranks exited with {codes}"
 
 
 @pytest.mark.parametrize("how", ["destroy", "abort"])
