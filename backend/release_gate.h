@@ -13,10 +13,12 @@
 
 namespace cnccl::release_gate {
 
-// False once closed; otherwise the caller may release Python-owned objects until leave().
+// False once closed; otherwise the caller may release Python-owned objects until leave(). Nests.
 bool enter();
 void leave();
-// Waits (bounded) for drops in progress, then closes for good. Call without the GIL.
+// Waits for drops in progress, then closes for good. Call without the GIL. The wait is bounded
+// (5 s): a drop that outlasts it (one that destroys a gloo group with a collective in flight) is
+// not waited for, and may still abort the exit.
 void close();
 
 // Releases what `value` holds, leaving it empty, or leaks it once the gate is closed.
@@ -28,6 +30,27 @@ void drop(T& value) {
   } else {
     new T(std::exchange(value, T{}));  // never freed: the interpreter is finalizing
   }
+}
+
+// Runs a completion (it marks a future completed, which runs and destroys the future's callbacks,
+// Python ones among them), then `between` (a test's pause), then drops it. Inside the gate while
+// it is open, so that close() waits for completions already running.
+template <class F, class Between>
+void run_then_drop(F& completion, Between between) {
+  if (enter()) {
+    completion();
+    between();
+    { F gone = std::exchange(completion, F{}); }
+    leave();
+  } else {
+    completion();
+    new F(std::exchange(completion, F{}));
+  }
+}
+
+template <class F>
+void run_then_drop(F& completion) {
+  run_then_drop(completion, [] {});
 }
 
 }  // namespace cnccl::release_gate

@@ -550,11 +550,11 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, const Timing& t
   if (all_done) {
     restore();
   } else {
-    // The engine's thread runs it and then drops it, perhaps with the last reference to a caller's
-    // tensors: released through the gate (docs/design.md, "Threads").
+    // The engine's thread runs it (it completes the result's future, which runs its callbacks) and
+    // drops it, perhaps with the last reference to a caller's tensors: through the gate
+    // (docs/design.md, "Threads", at exit).
     auto on_done = [restore = std::function<void()>(restore)](c10::ivalue::Future&) mutable {
-      restore();
-      release_gate::drop(restore);
+      release_gate::run_then_drop(restore);
     };
     if (futures.size() == 1) {
       futures[0]->addCallback(std::move(on_done));

@@ -90,7 +90,7 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
     if (closing) {
       // close() has joined the completion threads: an abort() racing it completes its works here.
       lock.unlock();
-      return completion();
+      return release_gate::run_then_drop(completion);
     }
     done_queue.push_back(std::move(completion));
     // Each queued completion has an idle thread of its own (one woken may not have taken its job
@@ -101,7 +101,12 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
       return;
     }
     join_ended(lock);
-    done_threads.emplace_back([state = shared_from_this()] { state->complete_jobs(); });
+    // The state's last reference may go with this thread (a group closed from a callback), and
+    // with it jobs that hold a caller's tensors.
+    done_threads.emplace_back([state = shared_from_this()]() mutable {
+      state->complete_jobs();
+      release_gate::drop(state);
+    });
   }
 
   void complete_jobs() {
@@ -117,10 +122,9 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
       auto next = std::move(done_queue.front());
       done_queue.pop_front();
       lock.unlock();
-      next();
-      delay_for_tests(kBeforeRelease);
-      // The work may hold the last reference to a caller's tensors (docs/design.md, "Threads").
-      release_gate::drop(next);
+      // The work may hold the last reference to a caller's tensors, its future's callbacks Python
+      // objects (docs/design.md, "Threads", at exit).
+      release_gate::run_then_drop(next, [] { delay_for_tests(kBeforeRelease); });
       lock.lock();
     }
     done_ended.push_back(std::this_thread::get_id());
@@ -229,6 +233,27 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
     }
   }
 
+  // The issuer thread: runs the queued jobs in order until abort() or close() stops it.
+  void issue_jobs() {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;  // docs/design.md, "Threads and autograd"
+    std::unique_lock<std::mutex> lock(mutex);
+    while (true) {
+      cv.wait(lock, [&] { return !queue.empty() || !stopped.empty(); });
+      // Once stopped, queued jobs were failed by abort(): none runs.
+      if (!stopped.empty()) return;
+      auto job = std::move(queue.front());
+      queue.pop_front();
+      lock.unlock();
+      if (!job->settled) run(job);
+      // The closure owns the composed path, and with it the engine, which must never be released
+      // on gloo's thread, where the job itself may end: it goes here (docs/design.md, "Threads").
+      // Either may hold the last reference to a caller's tensors.
+      release_gate::drop(job->issue);
+      release_gate::drop(job);
+      lock.lock();
+    }
+  }
+
   void run(const std::shared_ptr<Job>& job) {
     std::string why;
     {
@@ -290,24 +315,11 @@ Issuer::Issuer(c10::intrusive_ptr<c10d::Backend> engine, std::string group_name)
   state_->rank = engine->getRank();
   state_->engine = std::move(engine);
   state_->group = std::move(group_name);
-  thread_ = std::thread([state = state_] {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;  // docs/design.md, "Threads and autograd"
-    std::unique_lock<std::mutex> lock(state->mutex);
-    while (true) {
-      state->cv.wait(lock, [&] { return !state->queue.empty() || !state->stopped.empty(); });
-      // Once stopped, queued jobs were failed by abort(): none runs.
-      if (!state->stopped.empty()) return;
-      auto job = std::move(state->queue.front());
-      state->queue.pop_front();
-      lock.unlock();
-      if (!job->settled) state->run(job);
-      // The closure owns the composed path, and with it the engine, which must never be released
-      // on gloo's thread, where the job itself may end: it goes here (docs/design.md, "Threads").
-      // Either may hold the last reference to a caller's tensors.
-      release_gate::drop(job->issue);
-      release_gate::drop(job);
-      lock.lock();
-    }
+  // The state's last reference may go with this thread (a group closed from its own job), and with
+  // it queued jobs that hold a caller's tensors.
+  thread_ = std::thread([state = state_]() mutable {
+    state->issue_jobs();
+    release_gate::drop(state);
   });
 }
 

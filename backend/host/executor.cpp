@@ -121,9 +121,8 @@ void Executor::finish_leading_here(std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   const Executor* outer = running_completions_of;
   running_completions_of = this;
-  for (auto& completion : done) completion();
+  for (auto& completion : done) release_gate::run_then_drop(completion);
   running_completions_of = outer;
-  release_gate::drop(done);
 }
 
 void Executor::defer(std::function<void()> completion) { completions_.push_back(std::move(completion)); }
@@ -176,8 +175,7 @@ void Executor::complete(std::unique_lock<std::mutex>& lock) {
   std::vector<std::function<void()>> done;
   done.swap(completions_);
   lock.unlock();
-  for (auto& completion : done) completion();
-  release_gate::drop(done);
+  for (auto& completion : done) release_gate::run_then_drop(completion);
   lock.lock();
 }
 
@@ -208,10 +206,10 @@ void Executor::loop() {
     if (!queue_.empty() || background_) lead_cv_.notify_one();
     lock.unlock();
     running_completions_of = this;
-    for (auto& completion : done) completion();
+    // A work may hold the last reference to a caller's tensors, its future's callbacks Python
+    // objects (docs/design.md, "Threads", at exit).
+    for (auto& completion : done) release_gate::run_then_drop(completion);
     running_completions_of = nullptr;
-    // Works and jobs may hold the last reference to a caller's tensors (docs/design.md, "Threads").
-    release_gate::drop(done);
     if (orphaned) return;  // a completion stopped this executor, which is gone
     lock.lock();
   }
