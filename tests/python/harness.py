@@ -170,27 +170,118 @@ def _session_dir(what):
     return _SESSION_DIRS[what]
 
 
-def launch(script_args, world_size, env, out, hosts=1):
+def _rank_env(**extra):
+    """What every rank's environment holds besides its own settings."""
+    return clean_env(OMP_NUM_THREADS="1", TORCHINDUCTOR_CACHE_DIR=_session_dir("inductor"),
+                     CNCCL_TEST_REPORT_DIR=_session_dir("report"), CNCCL_TEST_SHARED_DIR=_session_dir("shared"),
+                     **extra)
+
+
+def launch(script_args, world_size, env, out, hosts=1, fresh=False):
     """Starts the ranks of `python script_args...` against a store this process holds; returns
-    (store, processes). Keep the store alive until the ranks have exited. With `hosts` > 1 the ranks
-    are split into that many blocks of consecutive ranks, each started in an IPC namespace of its
-    own (`unshare --ipc`), as on separate machines; the processes are then one per block."""
+    (store, processes). Keep the store alive until the ranks have exited. Ranks are forked from
+    forkserver.py's process where their environment allows it; `fresh` starts new interpreters (for
+    tests of what a process does at exit). With `hosts` > 1 the ranks are split into that many blocks
+    of consecutive ranks, each started in an IPC namespace of its own (`unshare --ipc`), as on separate
+    machines; the processes are then one per block."""
     store = store_server(world_size)
     here = os.path.dirname(os.path.abspath(__file__))
     argv = [sys.executable, *script_args]
-    envs = [clean_env(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(store.port), CNCCL_TEST_OUT=out, OMP_NUM_THREADS="1",
-                      TORCHINDUCTOR_CACHE_DIR=_session_dir("inductor"), CNCCL_TEST_REPORT_DIR=_session_dir("report"),
-                      CNCCL_TEST_SHARED_DIR=_session_dir("shared"), **(env or {}))
+    envs = [_rank_env(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(store.port), CNCCL_TEST_OUT=out, **(env or {}))
             for rank in range(world_size)]
     if hosts == 1:
-        return store, [subprocess.Popen(argv, env=e, cwd=here) for e in envs]
+        server = None if fresh else _ForkServer.get()
+        return store, [server.start(argv, e, here) if server and server.takes(e) else subprocess.Popen(argv, env=e, cwd=here)
+                       for e in envs]
     per_host = world_size // hosts
     procs = []
     for h in range(hosts):
         ranks = json.dumps([[argv, envs[r]] for r in range(h * per_host, (h + 1) * per_host)])
         procs.append(subprocess.Popen(["unshare", "--ipc", sys.executable, "-c", _HOST_LAUNCHER, ranks], cwd=here))
     return store, procs
+
+
+class _ForkServer:
+    """The harness's side of forkserver.py: one server per pytest session, started on first use."""
+
+    # Variables read only after a rank has started (by cnccl, UCX and torch.distributed when a group
+    # is made, or by the harness and the tests): a rank whose environment differs from the server's
+    # in anything else starts fresh, since torch or cnccl may have read it at import.
+    LATE = ("CNCCL_", "UCX_", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTEST_")
+    _server = None
+
+    @classmethod
+    def get(cls):
+        """The server, or None where it cannot run (CNCCL_TEST_FORKSERVER=0 or it refused)."""
+        if cls._server is None:
+            cls._server = cls() if os.environ.get("CNCCL_TEST_FORKSERVER", "1") != "0" else False
+            if cls._server and not cls._server.ready:
+                cls._server = False
+        return cls._server or None
+
+    def __init__(self):
+        import atexit
+        import ctypes
+        import socket
+
+        pr_set_child_subreaper = 36
+        if ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0) != 0:
+            print(f"harness: no fork server (prctl: errno {ctypes.get_errno()})", file=sys.stderr)
+            self.ready = False
+            return
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.env = _rank_env()
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.proc = subprocess.Popen([sys.executable, os.path.join(here, "forkserver.py"), str(theirs.fileno())],
+                                     env=self.env, cwd=here, pass_fds=[theirs.fileno()])
+        theirs.close()
+        answer = self.sock.recv(256).decode()
+        self.ready = answer == "ready"
+        if not self.ready:
+            print(f"harness: no fork server ({answer or 'it exited'})", file=sys.stderr)
+        atexit.register(self.close)
+
+    def close(self):
+        self.sock.close()
+        self.proc.wait()
+
+    def takes(self, env):
+        return all(k.startswith(self.LATE) for k in set(env) | set(self.env) if env.get(k) != self.env.get(k))
+
+    def start(self, argv, env, cwd):
+        import socket
+
+        socket.send_fds(self.sock, [json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()],
+                        [1, 2])  # what a Popen child would inherit
+        return _ForkedRank(int(self.sock.recv(64)), argv)
+
+
+class _ForkedRank:
+    """A forked rank, as much of `subprocess.Popen` as the tests use: the launcher is its parent (a
+    child subreaper), so its exit status is waited for as any child's."""
+
+    def __init__(self, pid, argv):
+        self.pid, self.args, self.returncode = pid, argv, None
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self):
+        if self.poll() is None:
+            os.kill(self.pid, 9)
 
 
 def wait_all(procs, timeout):

@@ -8,6 +8,7 @@ whole job died with four bare exit codes.
 """
 
 import datetime
+import json
 import os
 import time
 
@@ -121,3 +122,65 @@ def test_a_hanging_case_is_reported_within_its_budget_with_every_ranks_stack():
     for rank, where in ((0, "rank_0_sleeps_past_the_budget"), (1, "rank_1_waits_for_rank_0")):
         assert f"rank {rank} of test_harness (world 2): case hangs ran past its budget" in failure, failure
         assert where in failure, failure
+
+
+# Launched by the test below through harness.launch: prints what its process sees, then exits with the
+# code in argv[1] (or sleeps, to be killed).
+_PROBE = """
+import json, os, sys
+print(json.dumps({"name": __name__, "argv": sys.argv, "cwd": os.getcwd(),
+                  "rank": os.environ["RANK"], "setting": os.environ.get("CNCCL_TEST_PROBE_SETTING"),
+                  "preloaded": "torch" in sys.modules}))
+sys.stdout.flush()
+if sys.argv[1] == "sleep":
+    import time
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _probe(tmp_path, env, code=3, fresh=False):
+    from harness import launch, wait_all
+
+    script = tmp_path / "probe.py"
+    script.write_text(_PROBE)
+    out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+    with open(out, "w") as f:
+        saved = os.dup(1)
+        os.dup2(f.fileno(), 1)  # what a launched rank inherits as its stdout
+        try:
+            store, procs = launch([str(script), str(code)], 2, env, str(tmp_path), fresh=fresh)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        codes = wait_all(procs, 60)
+    del store
+    return codes, [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_a_forked_rank_is_the_script_run_as_python_would(tmp_path):
+    """Ranks forked by forkserver.py (harness.launch) see what `python script` would: `__main__`, their
+    argv, environment and folder, their exit code, the launcher as parent; a variable the server's
+    imports might have read makes a fresh interpreter; a forked rank can be killed."""
+    codes, seen = _probe(tmp_path, {"CNCCL_TEST_PROBE_SETTING": "a"})
+    assert codes == [3, 3]
+    assert sorted(s["rank"] for s in seen) == ["0", "1"]
+    for s in seen:
+        assert s["name"] == "__main__" and s["argv"][1:] == ["3"] and s["setting"] == "a"
+        assert s["cwd"] == os.path.dirname(os.path.abspath(__file__))
+        assert s["preloaded"], "launched fresh: the fork server did not start these ranks"
+    # Read at import by torch: the server's copy may be stale, so these ranks start fresh.
+    codes, seen = _probe(tmp_path, {"TORCH_CPP_LOG_LEVEL": "INFO"}, code=0)
+    assert codes == [0, 0] and not any(s["preloaded"] for s in seen)
+    codes, seen = _probe(tmp_path, {}, code=0, fresh=True)
+    assert codes == [0, 0] and not any(s["preloaded"] for s in seen)
+
+    from harness import launch, wait_all
+
+    store, procs = launch([str(tmp_path / "probe.py"), "sleep"], 1, {}, str(tmp_path))
+    with open(f"/proc/{procs[0].pid}/stat") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    assert parent == os.getpid(), "a forked rank must be the launcher's child once launch() returns"
+    procs[0].kill()
+    assert wait_all(procs, 10) == [-9]
+    del store

@@ -148,7 +148,7 @@ def test_collectives_and_groups_under_malloc_checking_on_one_core():
 
     out = tempfile.mkdtemp(prefix="cnccl-stress-")
     env = {"LD_PRELOAD": MALLOC_DEBUG, "MALLOC_CHECK_": "3", "GLIBC_TUNABLES": "glibc.malloc.perturb=165"}
-    store, procs = launch([os.path.abspath(__file__), out], 2, env, out)
+    store, procs = launch([os.path.abspath(__file__), out], 2, env, out, fresh=True)  # under LD_PRELOAD from the start
     codes = wait_all(procs, 420)
     del store
     cores = sorted(glob.glob(os.path.join(out, "rank*", "core*")))

@@ -138,7 +138,8 @@ def run(mode, engine, world=2, env=None):
     from harness import launch, wait_all
 
     out = tempfile.mkdtemp(prefix="cnccl-threads-")
-    store, procs = launch([os.path.abspath(__file__), mode, engine], world, env or {}, out)
+    # Fresh interpreters: these tests are about what a process does at exit.
+    store, procs = launch([os.path.abspath(__file__), mode, engine], world, env or {}, out, fresh=True)
     codes = wait_all(procs, 180)
     del store
     return out, codes
