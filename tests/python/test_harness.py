@@ -126,12 +126,12 @@ def test_a_hanging_case_is_reported_within_its_budget_with_every_ranks_stack():
 
 # Launched by the test below through harness.launch: prints what its process sees, then exits with the
 # code in argv[1] (or sleeps, to be killed).
-_PROBE = """
+_PROBE = r"""
 import json, os, sys
-print(json.dumps({"name": __name__, "argv": sys.argv, "cwd": os.getcwd(),
-                  "rank": os.environ["RANK"], "setting": os.environ.get("CNCCL_TEST_PROBE_SETTING"),
-                  "preloaded": "torch" in sys.modules}))
-sys.stdout.flush()
+# One write per line: the ranks share the file, and a print() may be two writes (PYTHONUNBUFFERED).
+os.write(1, (json.dumps({"name": __name__, "argv": sys.argv, "cwd": os.getcwd(),
+                         "rank": os.environ["RANK"], "setting": os.environ.get("CNCCL_TEST_PROBE_SETTING"),
+                         "preloaded": "torch" in sys.modules}) + "\n").encode())
 if sys.argv[1] == "sleep":
     import time
     time.sleep(60)
