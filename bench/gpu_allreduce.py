@@ -9,6 +9,11 @@ events over the same iterations, interleaved:
 The added time is each one's time minus base's; the goal is cnccl's <= 0.6x the hook's. acc32 / cnccl
 is what fp32 sums cost (at world size 1 the collectives move nothing; the kernels and calls remain).
 
+Then the peak extra GPU memory of one allreduce of the bucket per wire, beside the hook's, in units of
+n bytes (n = the bucket's elements; the fp32 bucket is 4n): torch.cuda.max_memory_allocated over the
+call, its work's wait and the release of the work, minus what was allocated before (issue #38's goal:
+<= 2.5n for the 16-bit, 8-bit and MX wires, <= 3n with accumulate=fp32; the hook holds about 2n).
+
     torchrun --nproc_per_node=1 bench/gpu_allreduce.py    (or plain python: it sets up world size 1)
 """
 
@@ -32,6 +37,49 @@ def timed(fn, stream):
     stop.record(stream)
     stop.synchronize()
     return start.elapsed_time(stop) / ITERS * 1000  # microseconds
+
+
+# Each configuration's Options; the fp8 wires need pow2 scaling and fp32 sums, MX fp32 sums.
+MEMORY_CASES = {
+    "fp16": dict(wire_dtype="fp16"),
+    "bf16": dict(wire_dtype="bf16"),
+    "fp16 rounding=sr": dict(wire_dtype="fp16", accumulate="fp32", rounding="sr"),
+    "fp16 accumulate=fp32": dict(wire_dtype="fp16", accumulate="fp32"),
+    "fp16 scaling=pow2": dict(wire_dtype="fp16", accumulate="fp32", scaling="pow2"),
+    "e4m3": dict(wire_dtype="e4m3", accumulate="fp32", scaling="pow2"),
+    "e5m2": dict(wire_dtype="e5m2", accumulate="fp32", scaling="pow2"),
+    "mxfp8": dict(wire_dtype="mxfp8", accumulate="fp32"),
+    "mxfp4": dict(wire_dtype="mxfp4", accumulate="fp32"),
+}
+
+
+def peak_extra(fn, bucket):
+    """Peak bytes allocated above the baseline while fn runs and its buffers are released, / n."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / bucket.numel()
+
+
+def peak_memory(bucket, nccl, world):
+    def hook():
+        compressed = bucket.to(torch.float16).div_(world)
+        fut = dist.all_reduce(compressed, group=nccl, async_op=True).get_future()
+        bucket.copy_(fut.wait()[0])
+
+    peaks = {"hook (fp16_compress_hook)": peak_extra(hook, bucket)}
+    for name, options in MEMORY_CASES.items():
+        try:
+            group = dist.new_group(backend="cnccl", pg_options=cnccl.Options(**options))
+        except (ValueError, RuntimeError) as e:  # a wire this build refuses is reported, not fatal
+            print(f"  {name}: not measured ({e})")
+            continue
+        dist.all_reduce(bucket, group=group)  # warm: the first call sets up the group's engine
+        peaks[name] = peak_extra(lambda: dist.all_reduce(bucket, group=group, async_op=True).wait(), bucket)
+        dist.destroy_process_group(group)
+    return peaks
 
 
 def main():
@@ -87,6 +135,18 @@ def main():
             json.dump({"median_us": med, "hook_added_us": hook_added, "cnccl_added_us": ours_added,
                        "cnccl_over_hook_added": ours_added / hook_added,
                        "acc32_over_cnccl": med["acc32"] / med["cnccl"]}, f)
+    peaks = peak_memory(bucket, nccl, world)
+    print(f"peak extra GPU memory of one {ELEMS}-element allreduce, units of n bytes (goal <= 2.5n, 3n acc32):")
+    for name, peak in peaks.items():
+        print(f"  {name:28s} {peak:6.2f}n")
+    if os.environ.get("CNCCL_GPU_JSON"):
+        import json
+
+        with open(os.environ["CNCCL_GPU_JSON"]) as f:
+            out = json.load(f)
+        out["peak_extra_n"] = peaks
+        with open(os.environ["CNCCL_GPU_JSON"], "w") as f:
+            json.dump(out, f)
     assert cnccl.stats(ours)["compressed_collectives"] > 0, "the cnccl allreduce was not compressed"
     dist.destroy_process_group()
 
