@@ -9,6 +9,7 @@ folder is reused as configured; a new one is configured without the tests and be
 """
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,9 @@ class BuildWithCMake(build_py):
         build_dir = Path(os.environ.get("CNCCL_BUILD_DIR", REPO / "build"))
         if not (build_dir / "CMakeCache.txt").exists():
             subprocess.check_call(["cmake", "-S", str(REPO), "-B", str(build_dir), f"-DPython3_EXECUTABLE={sys.executable}",
-                                   "-DCNCCL_BUILD_TESTS=OFF", "-DCNCCL_BUILD_BENCH=OFF"])
+                                   "-DCNCCL_BUILD_TESTS=OFF", "-DCNCCL_BUILD_BENCH=OFF",
+                                   # Extra CMake options, as scikit-build reads them: -DCNCCL_WITH_UCX=OFF, say.
+                                   *shlex.split(os.environ.get("CMAKE_ARGS", ""))])
         jobs = str(os.cpu_count() or 2)
         subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs, "--target", "cnccl_python"])
         super().run()

@@ -37,7 +37,13 @@ SumScaling parse_sum_scaling(const std::string& value, const char* source) {
 
 CpuEngine parse_cpu_engine(const std::string& value, const char* source) {
   const std::string v = lower(value);
+#if CNCCL_WITH_UCX
   if (v == "ucx") return CpuEngine::kUcx;
+#else
+  TORCH_CHECK_VALUE(v != "ucx", "cnccl: ", source, "=ucx, but this build of cnccl has no UCX (built with ",
+                    "CNCCL_WITH_UCX=OFF or without libucx), so no host path: CPU tensors go through gloo (",
+                    source, "=gloo, the default in such a build), within a host and across hosts");
+#endif
   if (v == "gloo") return CpuEngine::kGloo;
   TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: ucx, gloo");
 }
@@ -125,6 +131,9 @@ c10::intrusive_ptr<c10d::Backend::Options> Options::clone() const { return c10::
 
 Config Options::resolve() const {
   Config c;
+#if !CNCCL_WITH_UCX
+  c.cpu_engine = CpuEngine::kGloo;  // no host path in this build
+#endif
   if (auto v = env("CNCCL_WIRE_DTYPE")) c.wire = parse_wire(*v, "CNCCL_WIRE_DTYPE");
   if (auto v = env("CNCCL_MIN_BYTES")) c.min_bytes = parse_bytes(*v, "CNCCL_MIN_BYTES");
   if (auto v = env("CNCCL_SUM_SCALING")) c.sum_scaling = parse_sum_scaling(*v, "CNCCL_SUM_SCALING");

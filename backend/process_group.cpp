@@ -29,7 +29,8 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
   const std::string name = options_->group_name.empty() ? "unnamed" : options_->group_name;
   if (config_.cpu_engine == CpuEngine::kGloo) {
     TORCH_CHECK_VALUE(cpu_engine && cpu_engine->getBackendName() == "gloo", "cnccl: cpu_engine=gloo needs torch's "
-                      "ProcessGroupGloo passed to the constructor (the Python registration does this)");
+                      "ProcessGroupGloo passed to the constructor (the Python registration does this)",
+                      CNCCL_WITH_UCX ? "" : "; this build has no UCX (CNCCL_WITH_UCX=OFF), so gloo is its only CPU engine");
     composed::Engine gloo{cpu_engine, "gloo", /*reduces_avg_and_premul=*/false, /*reduce_keeps_non_root=*/false,
                             /*coalesces_mixed_dtypes=*/false};
     auto composition = std::make_unique<composed::Composition>(std::move(gloo), composed::make_cpu_device(), config_,
@@ -68,6 +69,9 @@ c10d::Backend& ProcessGroupCNCCL::path_for(const at::Tensor& t, const char* op) 
   if (!(t.defined() && t.is_cuda())) return *cpu_;
   c10d::Backend& cuda = cuda_path(op);
   if (window_ && !window_->cuda_started) {
+    // Agree before the window opens on the engine: a disagreement thrown after startCoalescing() would
+    // leave NCCL's group (ncclGroupStart) open on this thread. Every rank's window starts at the same call.
+    agree_on_cuda_settings();
     cuda.startCoalescing();
     window_->cuda_started = true;
   }
@@ -149,6 +153,8 @@ c10d::Backend& ProcessGroupCNCCL::cuda_path(const char* op) {
               "built without a CUDA toolkit or against a CPU-only torch)");
 #endif
 }
+
+bool ProcessGroupCNCCL::host_path_built() { return CNCCL_WITH_UCX; }
 
 int ProcessGroupCNCCL::cuda_nccl_version() {
 #if CNCCL_WITH_CUDA

@@ -97,6 +97,8 @@ class ProcessGroupCNCCL : public c10d::Backend {
   // The NCCL version the CUDA path runs with (as ncclGetVersion reports it); 0 when this build
   // has no CUDA path.
   static int cuda_nccl_version();
+  // Whether this build has the host path (cpu_engine=ucx): not in a build without UCX.
+  static bool host_path_built();
 
   // Creates the CUDA path's NCCL communicator now (init_process_group(device_id=...)).
   void eagerConnectSingleDevice(at::Device device) override;

@@ -183,7 +183,9 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
     d["cuda_kernels"] = bool(CNCCL_WITH_CUDA);
     d["cuda_collectives"] = cnccl::ProcessGroupCNCCL::cuda_nccl_version() != 0;
     d["nccl_version"] = cnccl::ProcessGroupCNCCL::cuda_nccl_version();
-    d["ucx_version"] = CNCCL_UCX_VERSION;
+    // Empty in a build without UCX: no host path, CPU tensors go through gloo.
+    const std::string ucx = CNCCL_UCX_VERSION;
+    d["ucx_version"] = ucx.empty() ? py::object(py::none()) : py::object(py::str(ucx));
     d["cpu_codec"] = cnccl::compress::cpu_path_name(cnccl::compress::cpu_path());
     return d;
   });

@@ -87,7 +87,7 @@ void unstage(Device& device, const Composition::Staged& s) {
 
 // The current stream waits for what an engine call produced.
 void wait_for(Device& device, const EngineCall& call) {
-  if (call.work) return device.wait(*call.work);
+  if (call.work) device.wait(*call.work);
   device.wait(call.ran);
 }
 
@@ -127,6 +127,11 @@ Plan Composition::plan(const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp
   if (op.op_ == RedOp::PREMUL_SUM && is_staged(p, op, as_is)) {
     p = planner(config_, t.scalar_type(), nbytes, op.op_, device_->premul_factor(op, t), size_);
   }
+  // The dither's offsets are kernel arguments taken from a host counter at the call: a captured call
+  // would replay them, rounding every replay alike (docs/design.md, "Stream order").
+  TORCH_CHECK_VALUE(!(p.stochastic && device_->capturing()), "cnccl: rounding=sr (CNCCL_ROUNDING / Options.rounding) "
+                    "cannot be captured into a CUDA graph: every replay would reuse the captured call's dither and "
+                    "round alike; capture this group's collectives with rounding=rne");
   return p;
 }
 
@@ -156,10 +161,10 @@ void Composition::stage_into(const at::Tensor& src, const at::Tensor& dst, const
   });
 }
 
-EngineCall Composition::called(WorkPtr work) const {
-  if (work) return {std::move(work), nullptr};
-  return {nullptr, device_->record()};
-}
+// The work's synchronize() orders what the engine ran on its own stream; the event, what it ran on
+// the issuing stream: a synchronous call's kernels, and all of an IntraNodeCommWork's (whose
+// synchronize() orders nothing; ENABLE_INTRA_NODE_COMM=1).
+EngineCall Composition::called(WorkPtr work) const { return {std::move(work), device_->record()}; }
 
 std::pair<compress::Dither, compress::Dither> Composition::dithers(const Plan& p, int64_t numel) {
   const auto seq = static_cast<uint32_t>(p.stochastic && numel > 0 ? stochastic_seq_++ : 0);

@@ -24,6 +24,24 @@ bool capturing() { return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c
 
 c10::cuda::CUDAStream current_stream() { return at::cuda::getCurrentCUDAStream(); }
 
+// The stream asynchronous calls restore on: cnccl's own, one per device for the process. A stream
+// from torch's pool could be one ProcessGroupNCCL or the caller also took from it (the pool hands its
+// streams out round robin), and the restore would then queue behind their work or theirs behind it.
+c10::cuda::CUDAStream side_stream(c10::DeviceIndex index) {
+  static std::mutex mutex;
+  static std::vector<std::optional<c10::cuda::CUDAStream>> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (streams.size() <= size_t(index)) streams.resize(index + 1);
+  auto& stream = streams[index];
+  if (!stream) {
+    const c10::cuda::CUDAGuard guard(index);
+    cudaStream_t raw = nullptr;
+    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
+    stream = c10::cuda::getStreamFromExternal(raw, index);  // never destroyed, as torch's pool streams
+  }
+  return *stream;
+}
+
 class StreamEvent final : public composed::Event {
  public:
   // During graph capture nothing is recorded: every operation of a captured call stays on the
@@ -47,6 +65,8 @@ class StreamEvent final : public composed::Event {
 
 class CudaDevice final : public composed::Device {
  public:
+  bool capturing() override { return cuda::capturing(); }
+
   double premul_factor(const c10d::ReduceOp& op, const at::Tensor& t) override {
     const at::Tensor factor = premul_tensor_factor(op);
     // The capture that matters is on the stream the collective is issued on: t's device's.
@@ -121,17 +141,6 @@ class CudaDevice final : public composed::Device {
     for (const auto& b : buffers) b.record_stream(stream);
   }
 
- private:
-  c10::cuda::CUDAStream side_stream(c10::DeviceIndex index) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (side_streams_.size() <= size_t(index)) side_streams_.resize(index + 1);
-    auto& stream = side_streams_[index];
-    if (!stream) stream = at::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
-    return *stream;
-  }
-
-  std::mutex mutex_;
-  std::vector<std::optional<c10::cuda::CUDAStream>> side_streams_;  // one per device, taken on first use
 };
 
 }  // namespace

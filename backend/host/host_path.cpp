@@ -14,7 +14,9 @@
 #include "backend/host/shm/shm_algorithms.h"
 #include "backend/host/shm/shm_comm.h"
 #include "backend/host/transport/comm.h"
+#if CNCCL_WITH_UCX
 #include "backend/host/transport/ucx_transport.h"
+#endif
 
 namespace cnccl::host {
 namespace {
@@ -42,6 +44,15 @@ std::function<void(Args...)> timed(std::function<void(Args...)> fn, std::atomic<
   };
 }
 
+// Options never select the host path in a build without UCX (options.cpp); this is the backstop.
+std::unique_ptr<Transport> make_ucx_transport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
+#if CNCCL_WITH_UCX
+  return std::make_unique<UcxTransport>(store, rank, size);
+#else
+  TORCH_CHECK_VALUE(false, "cnccl: cpu_engine=ucx needs UCX, and this build has none (CNCCL_WITH_UCX=OFF)");
+#endif
+}
+
 // Group ranks on this host (the same host_identity()), each with a pidfd taken now. Collective:
 // every rank publishes its identity and pid.
 std::map<int, Liveness> same_host_peers(c10d::Store& store, int rank, int size) {
@@ -64,7 +75,7 @@ std::map<int, Liveness> same_host_peers(c10d::Store& store, int rank, int size) 
 HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::string group_name,
                    const Config& config, std::chrono::milliseconds timeout, Stats& stats)
     : c10d::Backend(rank, size), config_(config), timeout_(timeout), stats_(stats) {
-  comm_ = std::make_unique<Comm>(std::make_unique<UcxTransport>(store, rank, size), group_name);
+  comm_ = std::make_unique<Comm>(make_ucx_transport(store, rank, size), group_name);
   if (size > 1) {
     host_peers_ = same_host_peers(*store, rank, size);
     comm_->watch_peers([this](int peer) -> std::string {
@@ -81,7 +92,7 @@ HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int s
       // Its own UCX worker, so its tags never meet the group's.
       const std::string prefix = "cnccl/across_hosts/" + std::to_string(shm_->rank()) + "/";
       auto across = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
-      auto transport = std::make_unique<UcxTransport>(across, shm_->host(), int(shm_->hosts().size()));
+      auto transport = make_ucx_transport(across, shm_->host(), int(shm_->hosts().size()));
       cross_ = std::make_unique<Comm>(std::move(transport), group_name + "' across hosts, local rank " +
                                                                 std::to_string(shm_->rank()) + ", '");
     }

@@ -58,7 +58,12 @@ def describe_build():
     info = cnccl.build_info()
     print(f"cnccl {info['version']} built for torch {info['torch_version']}, running with torch {torch.__version__}")
     print(f"  package: {os.path.dirname(cnccl.__file__)}")
-    print(f"  CPU codec: {info['cpu_codec']}; UCX {info['ucx_version']}")
+    if info["ucx_version"]:
+        print(f"  CPU codec: {info['cpu_codec']}; UCX {info['ucx_version']} (host path: shared memory within a host, "
+              "UCX across hosts)")
+    else:
+        print(f"  CPU codec: {info['cpu_codec']}; built without UCX (CNCCL_WITH_UCX=OFF): no host path, CPU tensors "
+              "go through gloo, within a host and across hosts")
     if info["cuda_collectives"]:
         nccl = info["nccl_version"]
         print(f"  CUDA path: built, NCCL {nccl // 10000}.{nccl // 100 % 100}.{nccl % 100}; "

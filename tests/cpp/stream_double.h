@@ -143,6 +143,9 @@ class StreamDevice final : public composed::Device {
   };
   std::vector<Kept> kept;  // what keep() was asked to hold, and until which point
   std::vector<c10::Device> premul_devices;  // the device each premul_factor() was asked for
+  bool capture = false;                      // the current stream is being captured (as cuda_device.cpp's)
+
+  bool capturing() override { return capture; }
 
   double premul_factor(const c10d::ReduceOp& op, const at::Tensor& t) override {
     premul_devices.push_back(t.device());
@@ -224,6 +227,12 @@ class StreamEngine : public c10d::Backend {
   };
   std::shared_ptr<Lifetime> lifetime = std::make_shared<Lifetime>();  // outlives the engine
   bool fail_next = false;           // the next async call's future fails (as gloo's do)
+  // ENABLE_INTRA_NODE_COMM=1: allreduce runs its kernel on the caller's current stream and returns a
+  // work that orders nothing and has no future (IntraNodeCommWork, torch's
+  // csrc/distributed/c10d/symm_mem/intra_node_comm.hpp: wait() returns true, synchronize() and
+  // getFuture() are c10d::Work's; ProcessGroupNCCL::allreduce returns it when intraNodeComm_ picks an
+  // algorithm).
+  bool intra_node = false;
   // The network: while closed, no collective's kernel runs.
   std::shared_ptr<bool> network = std::make_shared<bool>(true);
 
@@ -234,6 +243,13 @@ class StreamEngine : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
+    if (intra_node && !coalescing_) {
+      calls.push_back({"allreduce (intra-node)", {}, opts.reduceOp.op_, opts.asyncOp});
+      streams_.enqueue(streams_.current(), [tensors, op = opts.reduceOp.op_, this] {
+        for (const auto& t : tensors) reduce(t, op);
+      }, "intra-node allreduce", network);
+      return c10::make_intrusive<IntraNodeWork>();
+    }
     return issue("allreduce", tensors, opts.reduceOp.op_, opts.asyncOp, [tensors, op = opts.reduceOp.op_, this] {
       for (const auto& t : tensors) reduce(t, op);
     });
@@ -314,6 +330,11 @@ class StreamEngine : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> last_work() const { return last_work_; }
 
  private:
+  class IntraNodeWork final : public c10d::Work {
+   public:
+    bool wait(std::chrono::milliseconds) override { return true; }
+  };
+
   class Work final : public c10d::Work {
    public:
     Work(StreamEngine& engine, Streams::Point end, c10::intrusive_ptr<c10::ivalue::Future> future)

@@ -15,6 +15,7 @@
 #include "backend/composed/composed_path.h"
 #include "backend/composed/composition.h"
 #include "backend/process_group.h"
+#include "tests/cpp/gloo_double.h"
 #include "tests/cpp/stream_double.h"
 
 namespace cnccl::composed {
@@ -242,6 +243,47 @@ TEST(StreamOrder, PremulSumFactorIsReadForTheCollectivesDevice) {
   rig.composition.allreduce(ts, opts);
   ASSERT_EQ(rig.device->premul_devices.size(), 1u);
   EXPECT_EQ(rig.device->premul_devices[0], ts[0].device());
+}
+
+// ENABLE_INTRA_NODE_COMM=1: the engine's kernel runs on the issuing stream and its work orders
+// nothing; the asynchronous restore, on the side stream, must still follow it.
+TEST(StreamOrder, AnAsynchronousRestoreFollowsAnIntraNodeAllreduce) {
+  for (const auto order : kOrders) {
+    SCOPED_TRACE(order_name(order));
+    Rig rig(order);
+    rig.engine->intra_node = true;
+    const at::Tensor x = values(4 * 1024);
+    std::vector<at::Tensor> ts{rig.produced(x)};
+    auto work = rig.composition.allreduce(ts, c10d::AllreduceOptions{});
+    ASSERT_EQ(rig.engine->calls.at(0).name, "allreduce (intra-node)");
+    work->wait();
+    EXPECT_TRUE(at::equal(rig.observe(ts[0]), expected_sum(x, 1.0, 1.0)));
+  }
+}
+
+// A captured stochastic call would replay its dither: refused before anything is enqueued, naming
+// the setting; uncaptured, and rne under capture, run.
+TEST(StreamOrder, StochasticRoundingIsRefusedUnderCapture) {
+  Config config = fp32_sums_config();
+  config.rounding = Rounding::kStochastic;
+  Rig rig(Streams::Order::kIssue, config);
+  c10d::AllreduceOptions opts;
+  std::vector<at::Tensor> ts{values(4096)};
+  rig.device->capture = true;
+  try {
+    rig.composition.allreduce(ts, opts);
+    ADD_FAILURE() << "a stochastic allreduce was captured";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("rounding=sr"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(rig.streams.pending(), 0u) << "work was enqueued before the refusal";
+  rig.device->capture = false;
+  rig.composition.allreduce(ts, opts);
+  rig.streams.run();
+  Rig rne(Streams::Order::kIssue, fp32_sums_config());
+  rne.device->capture = true;
+  rne.composition.allreduce(ts, opts);
+  rne.streams.run();
 }
 
 // --- The work and its future --------------------------------------------------------------------
@@ -473,6 +515,12 @@ TEST(ComposedPath, ACoalescedWindowReachesTheEngineAsOneGroup) {
   EXPECT_TRUE(at::equal(grad[0], values(4096) * kWorld));
 }
 
+// A build without the host path carries CPU tensors through gloo, which the group is then given.
+c10::intrusive_ptr<c10d::Backend> cpu_engine_of_this_build() {
+  if (ProcessGroupCNCCL::host_path_built()) return nullptr;
+  return c10::make_intrusive<cnccl::testing::GlooDouble>(std::make_shared<cnccl::testing::Fabric>(1), 0);
+}
+
 // torch's own ~ProcessGroupNCCL aborts when destroy_process_group() was never called, so that an exit
 // never waits for a dead peer; a group destroyed without shutdown() must leave its engine to that.
 TEST(ProcessGroup, DestroyingTheGroupNeverShutsTheCudaEngineDown) {
@@ -480,7 +528,7 @@ TEST(ProcessGroup, DestroyingTheGroupNeverShutsTheCudaEngineDown) {
   auto engine = c10::make_intrusive<StreamEngine>(streams, 0, 1);
   const auto lifetime = engine->lifetime;
   auto group = c10::make_intrusive<ProcessGroupCNCCL>(c10::make_intrusive<c10d::HashStore>(), 0, 1,
-                                                      c10::make_intrusive<Options>(), nullptr, engine);
+                                                      c10::make_intrusive<Options>(), cpu_engine_of_this_build(), engine);
   engine.reset();
   group.reset();
   EXPECT_EQ(lifetime->shutdowns, 0) << "shutdown() flushes and waits for every peer";
@@ -491,7 +539,7 @@ TEST(ProcessGroup, ShutdownAndAbortReachTheCudaEngine) {
   Streams streams(Streams::Order::kIssue);
   auto engine = c10::make_intrusive<StreamEngine>(streams, 0, 1);
   auto group = c10::make_intrusive<ProcessGroupCNCCL>(c10::make_intrusive<c10d::HashStore>(), 0, 1,
-                                                      c10::make_intrusive<Options>(), nullptr, engine);
+                                                      c10::make_intrusive<Options>(), cpu_engine_of_this_build(), engine);
   EXPECT_TRUE(group->supportsCoalescing());
   group->abort();
   EXPECT_EQ(engine->lifetime->aborts, 1);

@@ -25,6 +25,11 @@ using Group = c10::intrusive_ptr<cnccl::ProcessGroupCNCCL>;
 // The groups' CPU engine: "ucx" (shared memory off), "shm" (on, and required) or "gloo".
 class Threads : public ::testing::TestWithParam<std::string> {
  protected:
+  void SetUp() override {
+    if (GetParam() != "gloo" && !cnccl::ProcessGroupCNCCL::host_path_built()) {
+      GTEST_SKIP() << "this build has no UCX (CNCCL_WITH_UCX=OFF), so no host path";
+    }
+  }
   template <typename Fn>
   void on_ranks(int world, Fn fn) {
     auto store = c10::make_intrusive<c10d::HashStore>();

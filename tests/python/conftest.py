@@ -6,10 +6,28 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    # A build without UCX has no host path: what runs on it, or a module marked needs_host_path, skips.
+    if harness.host_path_built():
+        return
+    import pytest
+
+    for item in items:
+        engine = getattr(getattr(item, "callspec", None), "params", {}).get("engine")
+        if engine in ("shm", "ucx") or item.get_closest_marker("needs_host_path"):
+            item.add_marker(pytest.mark.skip(reason=harness.NO_HOST_PATH))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_host_path: runs only in a build with UCX (the host path)")
+
+
 def pytest_collection_finish(session):
-    # The shared jobs run the cases of the tests pytest selected, not of every module it imported.
+    # The shared jobs run the cases of the tests pytest selected, not of every module it imported,
+    # and not of those that skip as a whole.
     harness.select((item.module.__name__, getattr(getattr(item, "callspec", None), "params", {}))
-                   for item in session.items if getattr(item, "module", None) is not None)
+                   for item in session.items
+                   if getattr(item, "module", None) is not None and not item.get_closest_marker("skip"))
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -471,6 +471,16 @@ def _log_tail(text, lines=40):
 CPU_ENGINES = ["shm", "ucx", "gloo"]
 
 
+def host_path_built():
+    """Whether this build has the host path (the "shm" and "ucx" engines): not without UCX."""
+    import cnccl
+
+    return bool(cnccl.build_info()["ucx_version"])
+
+
+NO_HOST_PATH = "this build has no UCX (CNCCL_WITH_UCX=OFF), so no host path: the shm and ucx engines do not exist"
+
+
 def engine_of(env=os.environ):
     """The CPU engine a rank runs on, from its environment (engine_env's inverse)."""
     if env.get("CNCCL_CPU_ENGINE") == "gloo":

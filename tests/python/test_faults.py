@@ -99,6 +99,7 @@ def test_sigkilled_during_an_allreduce(world_size, victim, engine, hook):
 
 
 # The same through shared memory with the tensor kept as it was until the last chunk is in.
+@pytest.mark.needs_host_path
 @pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 0), (4, 2)])
 def test_sigkilled_during_an_allreduce_that_leaves_its_tensor_untouched(world_size, victim):
     run(world_size, victim, "shm", "allreduce", "during", (SHM_STEP, 38), untouched=True)
@@ -106,6 +107,7 @@ def test_sigkilled_during_an_allreduce_that_leaves_its_tensor_untouched(world_si
 
 # Synchronous allreduces of 256 KiB, one or two steps each and run on the caller's thread: the victim
 # dies right after posting its 7th step (every survivor is then waiting in that call, on its own thread).
+@pytest.mark.needs_host_path
 @pytest.mark.parametrize("world_size,victim", [(2, 0), (3, 2)])
 def test_sigkilled_during_an_allreduce_on_the_callers_thread(world_size, victim):
     run(world_size, victim, "shm", "sync_allreduce", "during", (SHM_STEP, 7))
@@ -133,6 +135,7 @@ def test_sigkilled_during_an_allreduce_in_frames_that_leaves_its_tensor_untouche
 
 # On a shared-memory group with UCX's default transports, the collectives that go over UCX; the
 # victim dies right after posting its 3rd large send (gather: a non-root, the root sends nothing).
+@pytest.mark.needs_host_path
 @pytest.mark.parametrize("op,victim", [("all_to_all", 0), ("gather", 1), ("p2p", 1)])
 def test_sigkilled_during_a_collective_over_ucx_on_a_shared_memory_group(op, victim):
     run(2, victim, "shm", op, "during", (LARGE_SEND, 3))

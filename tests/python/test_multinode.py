@@ -21,6 +21,8 @@ import torch
 
 from hosts import Nodes, unavailable
 
+pytestmark = pytest.mark.needs_host_path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "examples", "train_ddp.py")
 STEPS = 8

@@ -121,9 +121,22 @@ def run(argv, timeout, **kwargs):
 def test_self_check_reports_a_correct_compressed_allreduce():
     out = run([sys.executable, "-m", "cnccl"], timeout=180, cwd="/")
     assert f"built for torch {torch.__version__.split('+')[0]}" in out, out
-    assert re.search(r"on 2 processes: CPU engine ucx, transport shm, wire fp16, compressed \(50% of the bytes saved\)",
-                     out), out
+    # Without UCX (no host path) CPU tensors go through gloo.
+    path = "CPU engine ucx, transport shm" if cnccl.build_info()["ucx_version"] else "CPU engine gloo, transport gloo"
+    assert re.search(rf"on 2 processes: {path}, wire fp16, compressed \(50% of the bytes saved\)", out), out
     assert out.rstrip().endswith("OK: the result is the exact sum"), out
+
+
+@pytest.mark.skipif(bool(cnccl.build_info()["ucx_version"]), reason="checks a build without UCX (CNCCL_WITH_UCX=OFF)")
+def test_a_build_without_ucx_runs_cpu_tensors_on_gloo_and_refuses_ucx_by_name():
+    assert cnccl.Options()._resolved_cpu_engine() == "gloo"
+    for where, env in (("Options.cpu_engine", {}), ("CNCCL_CPU_ENGINE", {"CNCCL_CPU_ENGINE": "ucx"})):
+        code = ("import cnccl\ntry:\n    cnccl.Options(**({} if 'CNCCL_CPU_ENGINE' in __import__('os').environ "
+                "else {'cpu_engine': 'ucx'}))._resolved_cpu_engine()\nexcept ValueError as e:\n    print(e)")
+        out = run([sys.executable, "-c", code], timeout=120, env=dict(os.environ, **env))
+        assert f"{where}=ucx" in out and "CNCCL_WITH_UCX=OFF" in out, out
+    out = run([sys.executable, "-m", "cnccl"], timeout=180, cwd="/")
+    assert "built without UCX (CNCCL_WITH_UCX=OFF)" in out and "CPU engine gloo" in out, out
 
 
 def test_self_check_fails_with_the_ranks_error():

@@ -18,6 +18,8 @@ from harness import (CASE_TIMEOUT, Cases, cached_job, check_case, engine_env, ev
                      separate_hosts_unavailable, share, shared_job)
 from wire_formats import mixed_magnitudes, rank_order_sum
 
+pytestmark = pytest.mark.needs_host_path
+
 R = dist.ReduceOp
 WIRES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # One-shot (a single exchange), a few chunks, and many chunks with uneven parts.
