@@ -546,7 +546,7 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, const Timing& t
         for (const auto& s : staged) unstage(*device_of, s);
       });
       work->set_restored(device_of->record());
-      result->markCompleted(c10::IValue(outputs));
+      device_of->complete(*result, c10::IValue(outputs));
     } catch (...) {
       if (!result->completed()) result->setError(errors::as_backend_error(std::current_exception(), context));
     }

@@ -67,6 +67,10 @@ class Device {
   // (CUDA: cnccl's side stream of the current device, so that the caller's stream never waits
   // for the network; during graph capture the capturing stream stays current).
   virtual std::shared_ptr<void> use_side_stream() = 0;
+  // Completes the call's future with `value` on the current stream: a CUDA future records its events
+  // on each of its devices' current streams as it completes, and a consumer's wait() (DDP's
+  // then() callbacks, fut.wait()) orders its stream after them, so this must run where the restore ran.
+  virtual void complete(c10::ivalue::Future& future, const c10::IValue& value) { future.markCompleted(value); }
   // Keeps `buffers` from their allocator until the current stream has run what it holds now
   // (CUDA: record_stream), whatever references the engine drops before then.
   virtual void keep(const std::vector<at::Tensor>& buffers) = 0;

@@ -147,6 +147,13 @@ class StreamDevice final : public composed::Device {
 
   bool capturing() override { return capture; }
 
+  // The stream current when the call's future completed: where a CUDA future records its events.
+  std::vector<Streams::Id> completed_on;
+  void complete(c10::ivalue::Future& future, const c10::IValue& value) override {
+    completed_on.push_back(streams_.current());
+    future.markCompleted(value);
+  }
+
   double premul_factor(const c10d::ReduceOp& op, const at::Tensor& t) override {
     premul_devices.push_back(t.device());
     return cpu_->premul_factor(op, t);

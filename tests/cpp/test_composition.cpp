@@ -306,6 +306,21 @@ TEST(Composition, WorkCompletesOnlyOnceTheDeviceRanTheRestore) {
   EXPECT_EQ(rig.engine->calls.at(0).op, RedOp::SUM) << "AVG's division was applied in the cast";
 }
 
+// A CUDA future records its events where it completes, and DDP's callbacks order their stream after
+// those: an asynchronous call's future completes with the restore's side stream current, a
+// synchronous one's with the caller's.
+TEST(StreamOrder, TheFutureCompletesOnTheStreamTheRestoreRanOn) {
+  Rig rig(Streams::Order::kIssue);
+  const Streams::Id caller = rig.streams.current();
+  std::vector<at::Tensor> ts{values(4096)};
+  rig.composition.allreduce(ts, c10d::AllreduceOptions{});
+  rig.composition.allreduce(ts, synchronous<c10d::AllreduceOptions>());
+  rig.streams.run();
+  ASSERT_EQ(rig.device->completed_on.size(), 2u);
+  EXPECT_EQ(rig.device->completed_on[0], rig.device->side_stream()) << "asynchronous";
+  EXPECT_EQ(rig.device->completed_on[1], caller) << "synchronous";
+}
+
 TEST(Composition, EngineFailureIsADistBackendErrorAndLeavesTheTensor) {
   Rig rig;
   const at::Tensor x = values(4096);
