@@ -205,7 +205,12 @@ if pkg-config --exists ucx 2>/dev/null; then
 elif [[ -d "$LIBDIR/ucx" ]]; then
   export CNCCL_UCX_ROOT="$STAGE/usr" UCX_MODULE_DIR="$LIBDIR/ucx"
   export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  fact ucx "staged ($STAGE)"
+  # The staged copy is Debian 12's, built for its glibc; its memory hooks patch libc's own mmap, brk and
+  # friends in place (UCX's "bistro" hooks). On an H200 machine with Ubuntu 24.04's glibc both ranks of
+  # `python -m cnccl` died with SIGSEGV in the host path's setup; the hooks are not needed by the
+  # shared-memory and TCP transports the check uses, so the staged copy runs without them.
+  export UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no
+  fact ucx "staged ($STAGE), memory hooks off"
 else
   need "UCX (libucx-dev; stage it with bench/gpu_check_stage.sh and carry .gpu-deps)"
 fi

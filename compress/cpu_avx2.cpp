@@ -298,6 +298,7 @@ float amax_f32(const float* src, size_t n) {
   __m256i m = _mm256_setzero_si256();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
+    _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes, _MM_HINT_T0);
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
     m = _mm256_max_epu32(m, _mm256_and_si256(x, magnitude));
   }
@@ -365,7 +366,21 @@ class Fp8Lanes {
 void cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w) {
   const Fp8Lanes fp8(w);
   const __m256 s = _mm256_set1_ps(scale);
+  // 32 codes a step, packed in lane order and put back in element order with one permute: one 32-byte
+  // store instead of four 8-byte ones. The input is prefetched as the fp16 cast's: without it this
+  // cast ran at 0.4x the fp16 cast's speed from DRAM (bench/codec).
+  const __m256i element_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(src + i + 16) + kPrefetchBytes, _MM_HINT_T0);
+    const __m256i c0 = fp8.codes(_mm256_mul_ps(_mm256_loadu_ps(src + i), s));
+    const __m256i c1 = fp8.codes(_mm256_mul_ps(_mm256_loadu_ps(src + i + 8), s));
+    const __m256i c2 = fp8.codes(_mm256_mul_ps(_mm256_loadu_ps(src + i + 16), s));
+    const __m256i c3 = fp8.codes(_mm256_mul_ps(_mm256_loadu_ps(src + i + 24), s));
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_permutevar8x32_epi32(bytes, element_order));
+  }
   for (; i + 8 <= n; i += 8) {
     const __m256i code = fp8.codes(_mm256_mul_ps(_mm256_loadu_ps(src + i), s));
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
@@ -414,15 +429,29 @@ class Fp8Widen {
   __m256i smallest_normal_;
 };
 
-void restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w) {
-  const Fp8Widen fp8(w);
-  const __m256 s = _mm256_set1_ps(scale);
+template <bool kStream>
+size_t restore8_f32_body(const uint8_t* src, float* dst, size_t n, __m256 s, const Fp8Widen& fp8) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256i codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
-    _mm256_storeu_ps(dst + i, _mm256_mul_ps(fp8.values(codes), s));
+    store256<kStream>(dst + i, _mm256_castps_si256(_mm256_mul_ps(fp8.values(codes), s)));
   }
+  return i;
+}
+
+// Large outputs with streaming stores, as restore_f32's.
+void restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w) {
+  const Fp8Widen fp8(w);
+  const __m256 s = _mm256_set1_ps(scale);
   const float* values = fp8_values(w);
+  size_t i = 0;
+  if (n * sizeof(float) >= kStreamingBytes && (i = head_to_align(dst, n)) < n) {
+    for (size_t k = 0; k < i; ++k) dst[k] = values[src[k]] * scale;
+    i += restore8_f32_body<true>(src + i, dst + i, n - i, s, fp8);
+    _mm_sfence();
+  } else {
+    i = restore8_f32_body<false>(src, dst, n, s, fp8);
+  }
   for (; i < n; ++i) dst[i] = values[src[i]] * scale;
 }
 

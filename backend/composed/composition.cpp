@@ -274,14 +274,16 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                 const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "cnccl allreduce_coalesced: no tensors");
-  std::vector<at::Tensor> direct, fp32_sums;
+  std::vector<at::Tensor> direct;
   std::vector<Staged> staged;
+  std::vector<std::pair<at::Tensor, Plan>> fp32_sums;
   for (const auto& t : tensors) {
     checks::on_device_of(t, tensors[0], "allreduce_coalesced");
+    // Planned once: a PREMUL_SUM's CUDA tensor factor is read on the host with each plan.
     const Plan p = plan(t, t.nbytes(), opts.reduceOp, t.is_contiguous());
     record_stats(stats_, t, t.numel(), p);
     if (has_fp32_sums(p, t.numel())) {
-      fp32_sums.push_back(t);
+      fp32_sums.emplace_back(t, p);
     } else if (is_staged(p, opts.reduceOp, t.is_contiguous())) {
       staged.push_back({stage(t, p, t.numel()), t, p});
     } else {
@@ -308,8 +310,8 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::
   // Each tensor with fp32 sums is its own all-to-all and allgather.
   const Timing timing{opts.timeout, opts.asyncOp};
   std::vector<at::Tensor> buffers;
-  for (const auto& t : fp32_sums) {
-    Issued issued = allreduce_fp32_sums(t, plan(t, t.nbytes(), opts.reduceOp, t.is_contiguous()), timing);
+  for (const auto& [t, p] : fp32_sums) {
+    Issued issued = allreduce_fp32_sums(t, p, timing);
     calls.insert(calls.end(), issued.calls.begin(), issued.calls.end());
     staged.push_back(issued.staged);
     buffers.insert(buffers.end(), issued.buffers.begin(), issued.buffers.end());

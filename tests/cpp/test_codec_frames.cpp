@@ -113,6 +113,16 @@ TEST_P(Fp8, RestoreEveryCode) {
       EXPECT_TRUE(same_value(f[c], v * 0.25f)) << cpu_path_name(path) << " " << c << ": " << f[c] << " vs " << v;
       EXPECT_TRUE(same_value(float(d[c]), float(double(v) * 3.0))) << c;
     }
+    // An output large enough for streaming stores (8 MiB and up), starting off a 32-byte boundary, with
+    // a tail: every element as the small case gives it.
+    const size_t n = (size_t(8) << 20) / sizeof(float) + 37;
+    std::vector<uint8_t> many(n);
+    for (size_t i = 0; i < n; ++i) many[i] = uint8_t(i * 131 + 7);
+    std::vector<float> out(n + 3);
+    restore(many.data(), out.data() + 3, n, 0.25f, w);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) wrong += !same_value(out[i + 3], f[many[i]]);
+    EXPECT_EQ(wrong, 0u) << cpu_path_name(path) << ": streaming restore";
   }
   set_cpu_path(best_path);
 }

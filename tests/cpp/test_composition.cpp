@@ -261,6 +261,18 @@ TEST(StreamOrder, AnAsynchronousRestoreFollowsAnIntraNodeAllreduce) {
   }
 }
 
+// A CUDA tensor factor is read on the host once per tensor and call (each read is a device sync),
+// also for a tensor with fp32 sums in a coalesced call.
+TEST(StreamOrder, APremulSumTensorFactorIsReadOncePerTensor) {
+  Rig rig(Streams::Order::kIssue, fp32_sums_config());
+  c10d::AllreduceCoalescedOptions opts;
+  opts.reduceOp = premul_sum(at::full({1}, 0.5));
+  std::vector<at::Tensor> ts{values(4096), values(8192)};
+  rig.composition.allreduce_coalesced(ts, opts);
+  rig.streams.run();
+  EXPECT_EQ(rig.device->premul_devices.size(), ts.size());
+}
+
 // A captured stochastic call would replay its dither: refused before anything is enqueued, naming
 // the setting; uncaptured, and rne under capture, run.
 TEST(StreamOrder, StochasticRoundingIsRefusedUnderCapture) {
