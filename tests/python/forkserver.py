@@ -90,8 +90,9 @@ def main():
 
     import cnccl  # noqa: F401
 
-    if _threads() != 1:
-        sock.send(f"refused: {_threads()} threads after importing torch and cnccl".encode())
+    threads = _threads()
+    if threads != 1:
+        sock.send(f"refused: {threads} threads after importing torch and cnccl".encode())
         return
     sock.send(b"ready")
     serve(sock)

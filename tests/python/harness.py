@@ -32,10 +32,13 @@ What keeps one job's outcome from depending on anything but its cases:
   the ranks realign and go on with the next module.
 """
 
+import atexit
+import ctypes
 import datetime
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -210,21 +213,19 @@ class _ForkServer:
     # in anything else starts fresh, since torch or cnccl may have read it at import.
     LATE = ("CNCCL_", "UCX_", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTEST_")
     _server = None
+    _started = False
 
     @classmethod
     def get(cls):
         """The server, or None where it cannot run (CNCCL_TEST_FORKSERVER=0 or it refused)."""
-        if cls._server is None:
-            cls._server = cls() if os.environ.get("CNCCL_TEST_FORKSERVER", "1") != "0" else False
-            if cls._server and not cls._server.ready:
-                cls._server = False
-        return cls._server or None
+        if not cls._started:
+            cls._started = True
+            if os.environ.get("CNCCL_TEST_FORKSERVER", "1") != "0":
+                server = cls()
+                cls._server = server if server.ready else None
+        return cls._server
 
     def __init__(self):
-        import atexit
-        import ctypes
-        import socket
-
         pr_set_child_subreaper = 36
         if ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0) != 0:
             print(f"harness: no fork server (prctl: errno {ctypes.get_errno()})", file=sys.stderr)
@@ -250,8 +251,6 @@ class _ForkServer:
         return all(k.startswith(self.LATE) for k in set(env) | set(self.env) if env.get(k) != self.env.get(k))
 
     def start(self, argv, env, cwd):
-        import socket
-
         socket.send_fds(self.sock, [json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()],
                         [1, 2])  # what a Popen child would inherit
         return _ForkedRank(int(self.sock.recv(64)), argv)

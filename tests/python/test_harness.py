@@ -12,6 +12,7 @@ import json
 import os
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -158,6 +159,7 @@ def _probe(tmp_path, env, code=3, fresh=False):
     return codes, [json.loads(line) for line in out.read_text().splitlines()]
 
 
+@pytest.mark.skipif(os.environ.get("CNCCL_TEST_FORKSERVER") == "0", reason="CNCCL_TEST_FORKSERVER=0: every rank starts fresh")
 def test_a_forked_rank_is_the_script_run_as_python_would(tmp_path):
     """Ranks forked by forkserver.py (harness.launch) see what `python script` would: `__main__`, their
     argv, environment and folder, their exit code, the launcher as parent; a variable the server's
