@@ -104,9 +104,10 @@ at::Tensor exponents(const at::Tensor& amax, compress::Wire wire) {
 
 // fp32 values rounded to the wire as compress::cast rounds them: torch's conversion, except that e4m3
 // gives NaN, not 448, past its largest value (|v| > 464, the midpoint to the next binade's code).
-at::Tensor to_wire(const at::Tensor& v, compress::Wire wire) {
+// `v` is a temporary of the caller's, changed in place.
+at::Tensor to_wire(at::Tensor v, compress::Wire wire) {
   if (wire != compress::Wire::kE4m3) return v.to(wire_dtype(wire));
-  return v.masked_fill(v.abs().gt(464), std::numeric_limits<float>::quiet_NaN()).to(wire_dtype(wire));
+  return v.masked_fill_(v.abs().gt(464), std::numeric_limits<float>::quiet_NaN()).to(wire_dtype(wire));
 }
 
 at::Tensor headers(const at::Tensor& frames) {
@@ -117,22 +118,38 @@ at::Tensor payloads(const at::Tensor& frames, int64_t count, compress::Wire wire
   return frames.narrow(1, kHeaderBytes, payload_bytes(count, wire)).contiguous().view(wire_dtype(wire));
 }
 
+// The ATen forms decode a row a piece at a time: each piece's fp32 temporary is at most an eighth of
+// the row (or 1M elements, so that a small row is one piece and few kernels are launched), where
+// widening whole frames took 4-8 bytes per element more than the tensor (docs/usage.md, "CUDA tensors").
+int64_t piece_of(int64_t count) { return std::max<int64_t>(count / 8 + 1, int64_t(1) << 20); }
+
 void encode_aten(const std::vector<at::Tensor>& rows, int64_t count, float scale, compress::Wire wire,
                  const at::Tensor& frames) {
+  const int64_t piece = piece_of(count), width = int64_t(compress::wire_bytes(wire));
   std::vector<at::Tensor> flat, amax;
   for (const auto& row : rows) {
     flat.push_back(row.reshape({-1}));
-    amax.push_back(row.numel() ? flat.back().abs().amax() : at::zeros({}, row.options()));
+    const int64_t len = flat.back().numel();
+    std::vector<at::Tensor> maxima;
+    for (int64_t from = 0; from < len; from += piece) {
+      maxima.push_back(flat.back().narrow(0, from, std::min(piece, len - from)).abs().amax());
+    }
+    amax.push_back(maxima.empty() ? at::zeros({}, row.options()) : at::stack(maxima).amax());
   }
   const at::Tensor k = exponents(at::stack(amax).mul(std::fabs(double(scale))).to(at::kFloat), wire);
   frames.narrow(1, 0, kHeaderBytes).copy_(k.view(at::kByte).view({int64_t(rows.size()), kHeaderBytes}));
   const at::Tensor s = power_of_two(k).mul(double(scale));
-  // A short row's missing values are +0 on the wire, as the kernels write them.
-  frames.narrow(1, kHeaderBytes, payload_bytes(count, wire)).zero_();
   for (size_t r = 0; r < rows.size(); ++r) {
-    if (!rows[r].numel()) continue;
-    const at::Tensor payload = to_wire(flat[r].mul(s[int64_t(r)].to(flat[r].scalar_type())).to(at::kFloat), wire);
-    frames[int64_t(r)].narrow(0, kHeaderBytes, payload_bytes(payload.numel(), wire)).copy_(payload.view(at::kByte));
+    const at::Tensor frame = frames[int64_t(r)];
+    const int64_t len = flat[r].numel();
+    // A short row's missing values are +0 on the wire, as the kernels write them.
+    if (len < count) frame.narrow(0, kHeaderBytes + len * width, (count - len) * width).zero_();
+    const at::Tensor row_scale = s[int64_t(r)].to(flat[r].scalar_type());
+    for (int64_t from = 0; from < len; from += piece) {
+      const int64_t part = std::min(piece, len - from);
+      const at::Tensor payload = to_wire(flat[r].narrow(0, from, part).mul(row_scale).to(at::kFloat), wire);
+      frame.narrow(0, kHeaderBytes + from * width, part * width).copy_(payload.view(at::kByte));
+    }
   }
 }
 
@@ -319,11 +336,21 @@ at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::W
     return out;
   }
   if (!on_kernels(out, impl)) {
-    const at::Tensor stacked = at::stack(frames);
-    const at::Tensor decoded = payloads(stacked, count, wire).to(at::kFloat).mul_(
-        decoding_scales(headers(stacked)).unsqueeze(1));
-    out.copy_(decoded[0]);
-    for (int64_t r = 1; r < decoded.size(0); ++r) out.add_(decoded[r]);
+    const int64_t piece = piece_of(count);
+    for (size_t r = 0; r < frames.size(); ++r) {
+      const at::Tensor frame = frames[r].reshape({1, -1});
+      const at::Tensor s = decoding_scales(headers(frame));
+      const at::Tensor payload = payloads(frame, count, wire).view({-1});
+      for (int64_t from = 0; from < count; from += piece) {
+        const int64_t len = std::min(piece, count - from);
+        const at::Tensor decoded = payload.narrow(0, from, len).to(at::kFloat).mul_(s);
+        if (r == 0) {
+          out.narrow(0, from, len).copy_(decoded);
+        } else {
+          out.narrow(0, from, len).add_(decoded);
+        }
+      }
+    }
     return out;
   }
   std::vector<const void*> in;
@@ -345,8 +372,19 @@ void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, doubl
   if (compress::is_mx(wire)) return restore_mx(frames, count, wire, post, dst, impl);
   if (!on_kernels(dst, impl)) {
     const at::Tensor s = decoding_scales(headers(frames)).mul(double(post)).to(dst.scalar_type());
-    const at::Tensor values = payloads(frames, count, wire).to(at::kFloat).to(dst.scalar_type()).mul(s.unsqueeze(1));
-    dst.copy_(values.view({-1}).narrow(0, 0, n).view(dst.sizes()));
+    const bool in_place = dst.is_contiguous();
+    const at::Tensor out = in_place ? dst.view({-1}) : at::empty({n}, dst.options());
+    const int64_t piece = piece_of(count);
+    for (int64_t r = 0, first = 0; first < n; ++r, first += count) {
+      const at::Tensor payload = payloads(frames[r].reshape({1, -1}), count, wire).view({-1});
+      const int64_t row = std::min(count, n - first);
+      for (int64_t from = 0; from < row; from += piece) {
+        const int64_t len = std::min(piece, row - from);
+        out.narrow(0, first + from, len)
+            .copy_(payload.narrow(0, from, len).to(at::kFloat).to(dst.scalar_type()).mul_(s[r]));
+      }
+    }
+    if (!in_place) dst.copy_(out.view(dst.sizes()));
     return;
   }
   const at::Tensor f = frames.contiguous();
