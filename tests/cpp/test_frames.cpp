@@ -148,6 +148,7 @@ TEST(Frames, TheAtenFormsWorkInPiecesOfAnEighthOfARow) {
   const int64_t count = int64_t(8) << 20;
   for (Wire w : {Wire::kFp16, Wire::kE4m3}) {
     std::vector<at::Tensor> rows{at::randn({count})};
+    rows[0][count - 3] = 300.0;  // the row's largest magnitude is in its last piece
     at::Tensor frames = at::empty({1, frame_bytes(count, w)}, at::kByte);
     at::Tensor out = at::empty({count});
     int64_t encode_peak = 0, sum_peak = 0, restore_peak = 0;
@@ -166,6 +167,15 @@ TEST(Frames, TheAtenFormsWorkInPiecesOfAnEighthOfARow) {
       restore(frames, count, w, 1.0, out, Impl::kAten);
       restore_peak = counting.peak();
     }
+    // Piece by piece, the bits of the kernels' whole rows.
+    at::Tensor kernels = at::empty_like(frames);
+    encode(rows, count, 1.0, w, compress::MxScale::kRceil, kernels);
+    expect_same_frames(kernels, frames, count, w, std::string("encode in pieces, ") + compress::wire_name(w));
+    expect_same_bits(sum(kernels.unbind(0), count, w, at::empty({count})), sum(kernels.unbind(0), count, w, at::empty({count}), Impl::kAten),
+                     std::string("sum in pieces, ") + compress::wire_name(w));
+    at::Tensor restored = at::empty({count});
+    restore(kernels, count, w, 1.0, restored);
+    expect_same_bits(restored, out, std::string("restore in pieces, ") + compress::wire_name(w));
     EXPECT_LE(double(encode_peak) / double(count), w == Wire::kE4m3 ? 1.3 : 0.8) << compress::wire_name(w) << " encode";
     EXPECT_LE(double(sum_peak) / double(count), 0.6) << compress::wire_name(w) << " sum";
     EXPECT_LE(double(restore_peak) / double(count), 0.6) << compress::wire_name(w) << " restore";
