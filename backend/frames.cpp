@@ -170,83 +170,103 @@ at::Tensor e2m1_values(const at::Tensor& codes) {
   return at::where(codes.bitwise_and(8).ne(0), magnitude.neg(), magnitude);
 }
 
-// rows (each at most `count` elements, fp32 or fp64) times `scale` -> frames [rows, frame_bytes].
+// Whole blocks a piece of an MX row holds (piece_of's size, rounded up to blocks).
+int64_t mx_piece_blocks(int64_t count) { return mx_blocks(piece_of(count)); }
+
+// rows (each at most `count` elements, fp32 or fp64) times `scale` -> frames [rows, frame_bytes], every
+// row's blocks [b0, b0 + nb) at a time (the scales of a frame come first, then its elements).
 void encode_mx_aten(const std::vector<at::Tensor>& rows, int64_t count, float scale, compress::Wire wire,
                     compress::MxScale rule, const at::Tensor& frames) {
   const int64_t n = int64_t(rows.size()), blocks = mx_blocks(count);
   if (!count) return;
-  at::Tensor v = at::zeros({n, blocks * kBlock}, frames.options().dtype(at::kFloat));
-  for (int64_t r = 0; r < n; ++r) {
-    const at::Tensor row = rows[size_t(r)].reshape({-1});
-    if (row.numel()) v[r].narrow(0, 0, row.numel()).copy_(row.mul(double(scale)).to(at::kFloat));
-  }
-  const at::Tensor b = v.view({n, blocks, kBlock});
-  const at::Tensor amax = b.abs().amax(2);
-  const at::Tensor nonfinite = at::isfinite(amax).logical_not();
-  const at::Tensor bits = amax.view(at::kInt);
-  at::Tensor x = bits.bitwise_right_shift(23).sub(127 + largest_binade(wire));
-  if (rule == compress::MxScale::kRceil) {
-    x.add_(bits.bitwise_and(0x7FFFFF).gt(int64_t(compress::mx_largest_fraction(wire))).to(at::kInt));
-  }
-  x.clamp_(-127, 127);
-  const at::Tensor codes = at::where(nonfinite, at::full_like(x, 255), x.add(127)).to(at::kByte);
+  std::vector<at::Tensor> flat;
+  for (const auto& row : rows) flat.push_back(row.reshape({-1}));
   const float largest = compress::mx_largest(wire);
-  // In place over v (no longer needed): the values are every row of the call at once.
-  const at::Tensor q = b.mul_(power_of_two(x.neg()).unsqueeze(2))
-                           .masked_fill_(nonfinite.unsqueeze(2), 0)
-                           .clamp_(-largest, largest)
-                           .view({n, blocks * kBlock})
-                           .narrow(1, 0, count);
-  at::Tensor elements;
-  if (wire == compress::Wire::kMxfp4) {
-    const at::Tensor a = q.abs();
-    at::Tensor code = a.gt(0.25).to(at::kByte);
-    for (const auto& [bound, inclusive] : {std::pair{0.75, true}, {1.25, false}, {1.75, true}, {2.5, false},
-                                           {3.5, true}, {5.0, false}}) {
-      code.add_((inclusive ? a.ge(bound) : a.gt(bound)).to(at::kByte));
+  for (int64_t b0 = 0, nb = 0; b0 < blocks; b0 += nb) {
+    nb = std::min(mx_piece_blocks(count), blocks - b0);
+    const int64_t first = b0 * kBlock, len = std::min(nb * kBlock, count - first);
+    at::Tensor v = at::zeros({n, nb * kBlock}, frames.options().dtype(at::kFloat));
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t have = std::min(flat[size_t(r)].numel() - first, nb * kBlock);
+      if (have > 0) v[r].narrow(0, 0, have).copy_(flat[size_t(r)].narrow(0, first, have).mul(double(scale)).to(at::kFloat));
     }
-    code.bitwise_or_(at::signbit(q).to(at::kByte).mul(8));
-    if (count % 2) code = at::constant_pad_nd(code, {0, 1});
-    const at::Tensor pairs = code.view({n, -1, 2});
-    elements = pairs.select(2, 0).bitwise_or(pairs.select(2, 1).bitwise_left_shift(4));
-  } else {
-    elements = q.to(wire_dtype(wire)).view(at::kByte);
+    const at::Tensor b = v.view({n, nb, kBlock});
+    const at::Tensor amax = b.abs().amax(2);
+    const at::Tensor nonfinite = at::isfinite(amax).logical_not();
+    const at::Tensor bits = amax.view(at::kInt);
+    at::Tensor x = bits.bitwise_right_shift(23).sub(127 + largest_binade(wire));
+    if (rule == compress::MxScale::kRceil) {
+      x.add_(bits.bitwise_and(0x7FFFFF).gt(int64_t(compress::mx_largest_fraction(wire))).to(at::kInt));
+    }
+    x.clamp_(-127, 127);
+    const at::Tensor codes = at::where(nonfinite, at::full_like(x, 255), x.add(127)).to(at::kByte);
+    // In place over v (no longer needed).
+    const at::Tensor q = b.mul_(power_of_two(x.neg()).unsqueeze(2))
+                             .masked_fill_(nonfinite.unsqueeze(2), 0)
+                             .clamp_(-largest, largest)
+                             .view({n, nb * kBlock})
+                             .narrow(1, 0, len);
+    frames.narrow(1, b0, nb).copy_(codes);
+    if (wire == compress::Wire::kMxfp4) {
+      const at::Tensor a = q.abs();
+      at::Tensor code = a.gt(0.25).to(at::kByte);
+      for (const auto& [bound, inclusive] : {std::pair{0.75, true}, {1.25, false}, {1.75, true}, {2.5, false},
+                                             {3.5, true}, {5.0, false}}) {
+        code.add_((inclusive ? a.ge(bound) : a.gt(bound)).to(at::kByte));
+      }
+      code.bitwise_or_(at::signbit(q).to(at::kByte).mul(8));
+      if (len % 2) code = at::constant_pad_nd(code, {0, 1});
+      const at::Tensor pairs = code.view({n, -1, 2});
+      const at::Tensor elements = pairs.select(2, 0).bitwise_or(pairs.select(2, 1).bitwise_left_shift(4));
+      frames.narrow(1, blocks + first / 2, elements.size(1)).copy_(elements);  // first: whole blocks, even
+    } else {
+      frames.narrow(1, blocks + first, len).copy_(q.to(wire_dtype(wire)).view(at::kByte));
+    }
   }
-  frames.narrow(1, 0, blocks).copy_(codes);
-  frames.narrow(1, blocks, elements.size(1)).copy_(elements);
 }
 
-// frames [rows, frame_bytes(count)] -> their values, fp32 [rows, count]. Exact.
-at::Tensor decode_mx_aten(const at::Tensor& frames, int64_t count, compress::Wire wire) {
+// The values of frames [rows, frame_bytes(count)] in blocks [b0, b0 + nb): fp32 [rows, elements]. Exact.
+at::Tensor decode_mx_aten(const at::Tensor& frames, int64_t count, compress::Wire wire, int64_t b0, int64_t nb) {
   const int64_t n = frames.size(0), blocks = mx_blocks(count);
-  if (!count) return at::empty({n, 0}, frames.options().dtype(at::kFloat));
-  const at::Tensor codes = frames.narrow(1, 0, blocks).to(at::kInt);
+  const int64_t first = b0 * kBlock, len = std::min(nb * kBlock, count - first);
+  const at::Tensor codes = frames.narrow(1, b0, nb).to(at::kInt);
   const at::Tensor scales =
       at::where(codes.eq(255), at::full_like(codes, std::numeric_limits<float>::quiet_NaN(), at::kFloat),
                 at::where(codes.eq(0), at::full_like(codes, 0x1p-127f, at::kFloat),
                           codes.bitwise_left_shift(23).view(at::kFloat)));
   at::Tensor values;
   if (wire == compress::Wire::kMxfp4) {
-    const at::Tensor bytes = frames.narrow(1, blocks, (count + 1) / 2);
+    const at::Tensor bytes = frames.narrow(1, blocks + first / 2, (len + 1) / 2);
     const at::Tensor nibbles = at::stack({bytes.bitwise_and(15), bytes.bitwise_right_shift(4)}, 2).view({n, -1});
-    values = e2m1_values(nibbles.narrow(1, 0, count).to(at::kInt));
+    // Every code's value computed once, on the frames' device, then looked up.
+    const at::Tensor table = e2m1_values(at::arange(16, frames.options().dtype(at::kInt)));
+    values = table.index_select(0, nibbles.narrow(1, 0, len).reshape({-1}).to(at::kInt)).view({n, len});
   } else {
-    values = frames.narrow(1, blocks, count).contiguous().view(wire_dtype(wire)).to(at::kFloat);
+    values = frames.narrow(1, blocks + first, len).contiguous().view(wire_dtype(wire)).to(at::kFloat);
   }
-  return at::constant_pad_nd(values, {0, blocks * kBlock - count})
-      .view({n, blocks, kBlock})
-      .mul(scales.unsqueeze(2))
-      .view({n, blocks * kBlock})
-      .narrow(1, 0, count);
+  // values is this call's own: scaled in place (padded to whole blocks only in a row's last piece).
+  if (len < nb * kBlock) values = at::constant_pad_nd(values, {0, nb * kBlock - len});
+  return values.view({n, nb, kBlock}).mul_(scales.unsqueeze(2)).view({n, nb * kBlock}).narrow(1, 0, len);
 }
 
 void restore_mx(const at::Tensor& frames, int64_t count, compress::Wire wire, float post, const at::Tensor& dst,
                 Impl impl) {
   const int64_t n = dst.numel();
   if (!on_kernels(dst, impl)) {
-    const int64_t rows = (n + count - 1) / count;
-    const at::Tensor values = decode_mx_aten(frames.narrow(0, 0, rows), count, wire).to(dst.scalar_type());
-    dst.copy_(values.mul(double(post)).view({-1}).narrow(0, 0, n).view(dst.sizes()));
+    const bool in_place = dst.is_contiguous();
+    const at::Tensor out = in_place ? dst.view({-1}) : at::empty({n}, dst.options());
+    const int64_t blocks = mx_blocks(count);
+    for (int64_t r = 0, row_first = 0; row_first < n; ++r, row_first += count) {
+      const at::Tensor frame = frames[r].reshape({1, -1});
+      const int64_t row = std::min(count, n - row_first);
+      for (int64_t b0 = 0, nb = 0; b0 * kBlock < row; b0 += nb) {
+        nb = std::min(mx_piece_blocks(count), blocks - b0);
+        const at::Tensor values = decode_mx_aten(frame, count, wire, b0, nb)[0];
+        const int64_t len = std::min(values.numel(), row - b0 * kBlock);
+        out.narrow(0, row_first + b0 * kBlock, len).copy_(values.narrow(0, 0, len)).mul_(double(post));
+      }
+    }
+    if (!in_place) dst.copy_(out.view(dst.sizes()));
     return;
   }
   const at::Tensor f = frames.contiguous();
@@ -325,9 +345,20 @@ at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::W
               "cnccl: a frame sum needs a contiguous fp32 output of ", count, " elements");
   if (compress::is_mx(wire)) {
     if (!on_kernels(out, impl)) {
-      const at::Tensor decoded = decode_mx_aten(at::stack(frames), count, wire);
-      out.copy_(decoded[0]);
-      for (int64_t r = 1; r < decoded.size(0); ++r) out.add_(decoded[r]);
+      const int64_t blocks = mx_blocks(count);
+      for (size_t r = 0; r < frames.size(); ++r) {
+        const at::Tensor frame = frames[r].reshape({1, -1});
+        for (int64_t b0 = 0, nb = 0; b0 < blocks; b0 += nb) {
+          nb = std::min(mx_piece_blocks(count), blocks - b0);
+          const at::Tensor decoded = decode_mx_aten(frame, count, wire, b0, nb)[0];
+          const at::Tensor into = out.narrow(0, b0 * kBlock, decoded.numel());
+          if (r == 0) {
+            into.copy_(decoded);
+          } else {
+            into.add_(decoded);
+          }
+        }
+      }
       return out;
     }
     std::vector<const uint8_t*> in;
