@@ -195,7 +195,9 @@ Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const 
   wait_for(*device_, to_owners_call);
   at::Tensor mine = stage(t, p, part);
   device_->sum(rows.view({size_, part}), mine, p, sums, uint64_t(rank_ * part));
-  at::Tensor gathered = at::empty_like(sent);
+  // The allgather lands in `sent`: the engine runs it after the all-to-all that read it (one NCCL
+  // stream; gloo's all-to-all was waited for above), and a buffer less is held to the restore.
+  at::Tensor gathered = sent;
   c10d::AllgatherOptions back;
   back.timeout = timing.timeout;
   back.asyncOp = timing.async_op;
@@ -221,7 +223,7 @@ Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Pla
     const compress::CensusSamplesPaused not_a_contribution;
     frames::encode({frames::sum(rows.unbind(0), part, p.wire, sums)}, part, 1.0, p.wire, p.mx_scale, mine);
   });
-  at::Tensor gathered = at::empty_like(sent);
+  at::Tensor gathered = sent;  // as allreduce_fp32_sums's
   at::Tensor gathered_flat = gathered.view({-1}), mine_flat = mine.view({-1});
   c10d::AllgatherOptions back;
   back.timeout = timing.timeout;

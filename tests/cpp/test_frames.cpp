@@ -4,11 +4,9 @@
 // rows, fp32 and fp64, scales that are not powers of two).
 #include <gtest/gtest.h>
 
-#include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -16,11 +14,13 @@
 #include <map>
 
 #include "backend/frames.h"
+#include "tests/cpp/counting_allocator.h"
 
 namespace cnccl::frames {
 namespace {
 
 using compress::Wire;
+using testing::CountingAllocator;
 
 std::vector<at::Tensor> rows_of(at::ScalarType dtype, int64_t count) {
   at::manual_seed(5);
@@ -107,40 +107,6 @@ TEST(Frames, KernelsAndAtenGiveTheSameBits) {
     }
   }
 }
-
-// The bytes the CPU allocator hands out while it is installed, and their peak: the ATen forms' memory
-// measured on the CPU (on CUDA the same ATen calls allocate the same temporaries).
-class CountingAllocator final : public c10::Allocator {
- public:
-  CountingAllocator() : real_(c10::GetCPUAllocator()) { c10::SetCPUAllocator(this, kPriority); }
-  ~CountingAllocator() override { c10::SetCPUAllocator(real_, kPriority); }
-  int64_t peak() const { return peak_; }
-
-  c10::DataPtr allocate(size_t bytes) override {
-    auto* held = new Held{real_->allocate(bytes), bytes, this};
-    const int64_t live = live_ += int64_t(bytes);
-    int64_t peak = peak_;
-    while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
-    }
-    return {held->inner.get(), held, &release, held->inner.device()};
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-
- private:
-  static constexpr uint8_t kPriority = 100;
-  struct Held {
-    c10::DataPtr inner;
-    size_t bytes;
-    CountingAllocator* owner;
-  };
-  static void release(void* ctx) {
-    auto* held = static_cast<Held*>(ctx);
-    held->owner->live_ -= int64_t(held->bytes);
-    delete held;
-  }
-  c10::Allocator* real_;
-  std::atomic<int64_t> live_{0}, peak_{0};
-};
 
 // The ATen forms work through a large row in pieces of an eighth of it: here, n = 8M elements, each
 // holds at most `bound` bytes per element beyond the frames and the output. Whole rows took: encode 6
