@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
 
 namespace cnccl::testing {
 
@@ -15,13 +16,13 @@ class CountingAllocator final : public c10::Allocator {
  public:
   CountingAllocator() : real_(c10::GetCPUAllocator()) { c10::SetCPUAllocator(this, kPriority); }
   ~CountingAllocator() override { c10::SetCPUAllocator(real_, kPriority); }
-  int64_t peak() const { return peak_; }
+  int64_t peak() const { return counts_->peak; }
 
   c10::DataPtr allocate(size_t bytes) override {
-    auto* held = new Held{real_->allocate(bytes), bytes, this};
-    const int64_t live = live_ += int64_t(bytes);
-    int64_t peak = peak_;
-    while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
+    auto* held = new Held{real_->allocate(bytes), bytes, counts_};
+    const int64_t live = counts_->live += int64_t(bytes);
+    int64_t peak = counts_->peak;
+    while (live > peak && !counts_->peak.compare_exchange_weak(peak, live)) {
     }
     return {held->inner.get(), held, &release, held->inner.device()};
   }
@@ -29,18 +30,22 @@ class CountingAllocator final : public c10::Allocator {
 
  private:
   static constexpr uint8_t kPriority = 100;
+  struct Counts {
+    std::atomic<int64_t> live{0}, peak{0};
+  };
+  // What a buffer handed out holds: it may outlive the allocator (a future kept by a double).
   struct Held {
     c10::DataPtr inner;
     size_t bytes;
-    CountingAllocator* owner;
+    std::shared_ptr<Counts> counts;
   };
   static void release(void* ctx) {
     auto* held = static_cast<Held*>(ctx);
-    held->owner->live_ -= int64_t(held->bytes);
+    held->counts->live -= int64_t(held->bytes);
     delete held;
   }
   c10::Allocator* real_;
-  std::atomic<int64_t> live_{0}, peak_{0};
+  std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
 };
 
 }  // namespace cnccl::testing
