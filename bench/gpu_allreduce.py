@@ -63,13 +63,20 @@ def peak_extra(fn, bucket):
     return (torch.cuda.max_memory_allocated() - base) / bucket.numel()
 
 
-def peak_memory(bucket, nccl, world):
+def fp16_hook(bucket, nccl, world):
+    """default_hooks.fp16_compress_hook's steps on `bucket`, as a function of no arguments."""
+
     def hook():
         compressed = bucket.to(torch.float16).div_(world)
         fut = dist.all_reduce(compressed, group=nccl, async_op=True).get_future()
+        # wait() puts the allreduce on this stream before the copy back, as DDP's then() does.
         bucket.copy_(fut.wait()[0])
 
-    peaks = {"hook (fp16_compress_hook)": peak_extra(hook, bucket)}
+    return hook
+
+
+def peak_memory(bucket, nccl, world):
+    peaks = {"hook (fp16_compress_hook)": peak_extra(fp16_hook(bucket, nccl, world), bucket)}
     for name, options in MEMORY_CASES.items():
         try:
             group = dist.new_group(backend="cnccl", pg_options=cnccl.Options(**options))
@@ -98,11 +105,7 @@ def main():
     def base():
         dist.all_reduce(wire, group=nccl)
 
-    def hook():  # default_hooks.fp16_compress_hook's steps, on the same bucket
-        compressed = bucket.to(torch.float16).div_(world)
-        fut = dist.all_reduce(compressed, group=nccl, async_op=True).get_future()
-        # wait() puts the allreduce on this stream before the copy back, as DDP's then() does.
-        bucket.copy_(fut.wait()[0])
+    hook = fp16_hook(bucket, nccl, world)
 
     def cnccl_allreduce():
         dist.all_reduce(bucket, group=ours, async_op=True).wait()

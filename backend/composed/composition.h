@@ -17,10 +17,8 @@
 
 namespace cnccl::composed {
 
-// What one engine call left for the restore to wait on: its work, or (a synchronous call, which
-// returns none) the point on the stream it ran on right after it (docs/design.md, "Stream order").
-// One call into the engine: its work (none for a synchronous call) and a point on the issuing stream
-// after it; the restore waits on both.
+// What one engine call left for the restore to wait on: its work (none for a synchronous call) and a
+// point on the issuing stream right after it; the restore waits on both (docs/design.md, "Stream order").
 struct EngineCall {
   c10::intrusive_ptr<c10d::Work> work;
   EventPtr ran;

@@ -1,6 +1,8 @@
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import harness  # noqa: E402
@@ -10,8 +12,6 @@ def pytest_collection_modifyitems(config, items):
     # A build without UCX has no host path: what runs on it, or a module marked needs_host_path, skips.
     if harness.host_path_built():
         return
-    import pytest
-
     for item in items:
         engine = getattr(getattr(item, "callspec", None), "params", {}).get("engine")
         if engine in ("shm", "ucx") or item.get_closest_marker("needs_host_path"):
