@@ -170,6 +170,13 @@ at::Tensor e2m1_values(const at::Tensor& codes) {
   return at::where(codes.bitwise_and(8).ne(0), magnitude.neg(), magnitude);
 }
 
+// Every e2m1 code's value, on the device of `like` (mxfp4's decode looks its codes up there); undefined
+// for the other wires.
+at::Tensor e2m1_table(compress::Wire wire, const at::Tensor& like) {
+  if (wire != compress::Wire::kMxfp4) return {};
+  return e2m1_values(at::arange(16, like.options().dtype(at::kInt)));
+}
+
 // Whole blocks a piece of an MX row holds (piece_of's size, rounded up to blocks).
 int64_t mx_piece_blocks(int64_t count) { return mx_blocks(piece_of(count)); }
 
@@ -226,7 +233,9 @@ void encode_mx_aten(const std::vector<at::Tensor>& rows, int64_t count, float sc
 }
 
 // The values of frames [rows, frame_bytes(count)] in blocks [b0, b0 + nb): fp32 [rows, elements]. Exact.
-at::Tensor decode_mx_aten(const at::Tensor& frames, int64_t count, compress::Wire wire, int64_t b0, int64_t nb) {
+// `table`: e2m1_table(wire).
+at::Tensor decode_mx_aten(const at::Tensor& frames, int64_t count, compress::Wire wire, int64_t b0, int64_t nb,
+                          const at::Tensor& table) {
   const int64_t n = frames.size(0), blocks = mx_blocks(count);
   const int64_t first = b0 * kBlock, len = std::min(nb * kBlock, count - first);
   const at::Tensor codes = frames.narrow(1, b0, nb).to(at::kInt);
@@ -238,8 +247,6 @@ at::Tensor decode_mx_aten(const at::Tensor& frames, int64_t count, compress::Wir
   if (wire == compress::Wire::kMxfp4) {
     const at::Tensor bytes = frames.narrow(1, blocks + first / 2, (len + 1) / 2);
     const at::Tensor nibbles = at::stack({bytes.bitwise_and(15), bytes.bitwise_right_shift(4)}, 2).view({n, -1});
-    // Every code's value computed once, on the frames' device, then looked up.
-    const at::Tensor table = e2m1_values(at::arange(16, frames.options().dtype(at::kInt)));
     values = table.index_select(0, nibbles.narrow(1, 0, len).reshape({-1}).to(at::kInt)).view({n, len});
   } else {
     values = frames.narrow(1, blocks + first, len).contiguous().view(wire_dtype(wire)).to(at::kFloat);
@@ -256,12 +263,13 @@ void restore_mx(const at::Tensor& frames, int64_t count, compress::Wire wire, fl
     const bool in_place = dst.is_contiguous();
     const at::Tensor out = in_place ? dst.view({-1}) : at::empty({n}, dst.options());
     const int64_t blocks = mx_blocks(count);
+    const at::Tensor table = e2m1_table(wire, frames);
     for (int64_t r = 0, row_first = 0; row_first < n; ++r, row_first += count) {
       const at::Tensor frame = frames[r].reshape({1, -1});
       const int64_t row = std::min(count, n - row_first);
       for (int64_t b0 = 0, nb = 0; b0 * kBlock < row; b0 += nb) {
         nb = std::min(mx_piece_blocks(count), blocks - b0);
-        const at::Tensor values = decode_mx_aten(frame, count, wire, b0, nb)[0];
+        const at::Tensor values = decode_mx_aten(frame, count, wire, b0, nb, table)[0];
         const int64_t len = std::min(values.numel(), row - b0 * kBlock);
         out.narrow(0, row_first + b0 * kBlock, len).copy_(values.narrow(0, 0, len)).mul_(double(post));
       }
@@ -346,11 +354,12 @@ at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::W
   if (compress::is_mx(wire)) {
     if (!on_kernels(out, impl)) {
       const int64_t blocks = mx_blocks(count);
+      const at::Tensor table = e2m1_table(wire, out);
       for (size_t r = 0; r < frames.size(); ++r) {
         const at::Tensor frame = frames[r].reshape({1, -1});
         for (int64_t b0 = 0, nb = 0; b0 < blocks; b0 += nb) {
           nb = std::min(mx_piece_blocks(count), blocks - b0);
-          const at::Tensor decoded = decode_mx_aten(frame, count, wire, b0, nb)[0];
+          const at::Tensor decoded = decode_mx_aten(frame, count, wire, b0, nb, table)[0];
           const at::Tensor into = out.narrow(0, b0 * kBlock, decoded.numel());
           if (r == 0) {
             into.copy_(decoded);
@@ -374,6 +383,7 @@ at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::W
       const at::Tensor payload = payloads(frame, count, wire).view({-1});
       for (int64_t from = 0; from < count; from += piece) {
         const int64_t len = std::min(piece, count - from);
+        // to() copies (every wire dtype is narrower than fp32): mul_ never writes into the frame.
         const at::Tensor decoded = payload.narrow(0, from, len).to(at::kFloat).mul_(s);
         if (r == 0) {
           out.narrow(0, from, len).copy_(decoded);

@@ -129,7 +129,7 @@ Plan Composition::plan(const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp
   }
   // The dither's offsets are kernel arguments taken from a host counter at the call: a captured call
   // would replay them, rounding every replay alike (docs/design.md, "Stream order").
-  TORCH_CHECK_VALUE(!(p.stochastic && device_->capturing()), "cnccl: rounding=sr (CNCCL_ROUNDING / Options.rounding) "
+  TORCH_CHECK_VALUE(!(p.stochastic && device_->capturing(t)), "cnccl: rounding=sr (CNCCL_ROUNDING / Options.rounding) "
                     "cannot be captured into a CUDA graph: every replay would reuse the captured call's dither and "
                     "round alike; capture this group's collectives with rounding=rne");
   return p;
@@ -477,6 +477,7 @@ c10::intrusive_ptr<c10d::Work> Composition::allgather_coalesced(std::vector<std:
                       "input (", inputs.size(), "), got ", list.size());
     all_outputs.insert(all_outputs.end(), list.begin(), list.end());
   }
+  c10::DeviceGuard guard(inputs[0].device());
   for (const auto& group : groups) {
     std::vector<std::vector<at::Tensor>> outs;
     for (const auto& list : outputs) outs.push_back(pick(list, group));

@@ -17,7 +17,7 @@ std::vector<const uint16_t*> row_pointers(const at::Tensor& rows) {
 
 class CpuDevice final : public Device {
  public:
-  bool capturing() override { return false; }
+  bool capturing(const at::Tensor&) override { return false; }
   double premul_factor(const c10d::ReduceOp& op, const at::Tensor&) override { return cnccl::premul_factor(op); }
 
   void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,

@@ -32,8 +32,8 @@ class Device {
  public:
   virtual ~Device() = default;
 
-  // Whether the current stream is being captured into a CUDA graph (never on the CPU).
-  virtual bool capturing() = 0;
+  // Whether t's device's current stream is being captured into a CUDA graph (never on the CPU).
+  virtual bool capturing(const at::Tensor& t) = 0;
 
   // PREMUL_SUM's factor as a number, for a collective on `t`; the CUDA device refuses to read a
   // device tensor back to the host while t's device's current stream is being captured.

@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <map>
 #include <mutex>
 #include <optional>
 
@@ -24,22 +25,43 @@ bool capturing() { return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c
 
 c10::cuda::CUDAStream current_stream() { return at::cuda::getCurrentCUDAStream(); }
 
-// The stream asynchronous calls restore on: cnccl's own, one per device for the process. A stream
-// from torch's pool could be one ProcessGroupNCCL or the caller also took from it (the pool hands its
-// streams out round robin), and the restore would then queue behind their work or theirs behind it.
-c10::cuda::CUDAStream side_stream(c10::DeviceIndex index) {
-  static std::mutex mutex;
-  static std::vector<std::optional<c10::cuda::CUDAStream>> streams;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (streams.size() <= size_t(index)) streams.resize(index + 1);
-  auto& stream = streams[index];
-  if (!stream) {
+// The streams asynchronous calls restore on: cnccl's own, one per group and device. A stream of
+// torch's pool could be one ProcessGroupNCCL or the caller also took (the pool hands them out round
+// robin), and one shared by groups would queue a group's restores, and the allgathers issued from
+// them, behind another group's network. A group gives its streams back when it is gone, for a later
+// group; none is destroyed (the caching allocator may still record events on one for buffers kept
+// there), as torch never destroys its pool's.
+class OwnStreams {
+ public:
+  c10::cuda::CUDAStream take(c10::DeviceIndex index) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& idle = idle_[index];
+      if (!idle.empty()) {
+        const c10::cuda::CUDAStream stream = idle.back();
+        idle.pop_back();
+        return stream;
+      }
+    }
     const c10::cuda::CUDAGuard guard(index);
     cudaStream_t raw = nullptr;
     C10_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
-    stream = c10::cuda::getStreamFromExternal(raw, index);  // never destroyed, as torch's pool streams
+    return c10::cuda::getStreamFromExternal(raw, index);
   }
-  return *stream;
+  void give_back(const c10::cuda::CUDAStream& stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_[stream.device_index()].push_back(stream);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<c10::DeviceIndex, std::vector<c10::cuda::CUDAStream>> idle_;
+};
+
+// Never destroyed: a group may be released during static destruction.
+OwnStreams& own_streams() {
+  static auto* streams = new OwnStreams;
+  return *streams;
 }
 
 class StreamEvent final : public composed::Event {
@@ -65,13 +87,24 @@ class StreamEvent final : public composed::Event {
 
 class CudaDevice final : public composed::Device {
  public:
-  bool capturing() override { return cuda::capturing(); }
+  ~CudaDevice() override {
+    for (const auto& stream : side_streams_) {
+      if (stream) own_streams().give_back(*stream);
+    }
+  }
+
+  bool capturing(const at::Tensor& t) override {
+    // Under t's device's guard: the check reads the current device's current stream (and would
+    // otherwise create a context on device 0), as ProcessGroupNCCL::collective guards first.
+    const c10::cuda::CUDAGuard guard(t.device());
+    return cuda::capturing();
+  }
 
   double premul_factor(const c10d::ReduceOp& op, const at::Tensor& t) override {
     const at::Tensor factor = premul_tensor_factor(op);
     // The capture that matters is on the stream the collective is issued on: t's device's.
     const c10::cuda::CUDAGuard guard(t.device());
-    TORCH_CHECK_VALUE(!(factor.defined() && factor.is_cuda() && capturing()),
+    TORCH_CHECK_VALUE(!(factor.defined() && factor.is_cuda() && cuda::capturing()),
                       "cnccl: a compressed PREMUL_SUM reads its factor on the host, which is not allowed for a CUDA "
                       "tensor factor while a CUDA graph is being captured; pass the factor as a Python number, or "
                       "capture with CNCCL_WIRE_DTYPE=none");
@@ -119,7 +152,7 @@ class CudaDevice final : public composed::Device {
   void run(const std::function<void()>& work) override { work(); }
 
   composed::EventPtr record() override {
-    if (capturing()) return std::make_shared<StreamEvent>();
+    if (cuda::capturing()) return std::make_shared<StreamEvent>();
     return std::make_shared<StreamEvent>(current_stream());
   }
 
@@ -131,16 +164,27 @@ class CudaDevice final : public composed::Device {
   void wait(c10d::Work& work) override { work.synchronize(); }
 
   std::shared_ptr<void> use_side_stream() override {
-    if (capturing()) return nullptr;
+    if (cuda::capturing()) return nullptr;
     return std::make_shared<c10::cuda::CUDAStreamGuard>(side_stream(c10::cuda::current_device()));
   }
 
   void keep(const std::vector<at::Tensor>& buffers) override {
-    if (capturing()) return;  // a graph's memory stays in its pool while the graph lives
+    if (cuda::capturing()) return;  // a graph's memory stays in its pool while the graph lives
     const c10::Stream stream = current_stream().unwrap();
     for (const auto& b : buffers) b.record_stream(stream);
   }
 
+ private:
+  c10::cuda::CUDAStream side_stream(c10::DeviceIndex index) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (side_streams_.size() <= size_t(index)) side_streams_.resize(index + 1);
+    auto& stream = side_streams_[index];
+    if (!stream) stream = own_streams().take(index);
+    return *stream;
+  }
+
+  std::mutex mutex_;
+  std::vector<std::optional<c10::cuda::CUDAStream>> side_streams_;  // one per device, taken on first use
 };
 
 }  // namespace

@@ -145,7 +145,7 @@ class StreamDevice final : public composed::Device {
   std::vector<c10::Device> premul_devices;  // the device each premul_factor() was asked for
   bool capture = false;                      // the current stream is being captured (as cuda_device.cpp's)
 
-  bool capturing() override { return capture; }
+  bool capturing(const at::Tensor&) override { return capture; }
 
   // The stream current when the call's future completed: where a CUDA future records its events.
   std::vector<Streams::Id> completed_on;
