@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <vector>
 
 namespace cnccl::compress::detail {
 namespace {
@@ -389,52 +390,44 @@ void cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w) {
   for (; i < n; ++i) dst[i] = to_fp8(src[i] * scale, w);
 }
 
-// fp8_values (cpu_frames.cpp) of 8 codes, one in each 32-bit lane, computed rather than gathered from
-// the table (a gather of 8 cost more than the arithmetic): a normal code's magnitude bits placed under
-// fp32's exponent and rebiased; a subnormal's mantissa converted and scaled; e4m3's 0x7F and e5m2's
-// all-ones exponent made NaN (and e5m2's 0x7C inf); the sign put back. Exact, and independent of the
-// thread's DAZ setting (no subnormal is an input).
+// fp8_values (cpu_frames.cpp) of 16 codes, exactly, through F16C: e5m2 is fp16's upper byte, and
+// e4m3's magnitude shifted under fp16's exponent is its value times 2^-8 (e4m3's smallest normal 2^-6
+// lands on fp16's 2^-14, so its subnormals land on fp16's); the product by 2^8 is exact. NaN codes
+// become fp16's quiet NaN first, which widens to the table's NaN (0x7FC00000, signed). F16C reads
+// fp16 subnormals whatever the thread's DAZ setting (tested). Half the instructions of forming each
+// value in 32-bit lanes.
 class Fp8Widen {
  public:
-  explicit Fp8Widen(Wire w)
-      : e4m3_(w == Wire::kE4m3),
-        shift_(e4m3_ ? 20 : 21),
-        rebias_(_mm256_set1_epi32((e4m3_ ? 120 : 112) << 23)),
-        subnormal_step_(_mm256_set1_ps(e4m3_ ? 0x1p-9f : 0x1p-16f)),
-        smallest_normal_(_mm256_set1_epi32(e4m3_ ? 8 : 4)) {}
+  explicit Fp8Widen(Wire w) : e4m3_(w == Wire::kE4m3) {}
 
-  __m256 values(__m256i code) const {
-    const __m256i magnitude = _mm256_and_si256(code, _mm256_set1_epi32(0x7F));
-    const __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(magnitude, shift_), rebias_));
-    const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(magnitude), subnormal_step_);
-    __m256 v = _mm256_blendv_ps(normal, subnormal, _mm256_castsi256_ps(_mm256_cmpgt_epi32(smallest_normal_, magnitude)));
+  // The values of codes[0..16): lo holds the first 8, hi the next 8.
+  void values(__m128i codes, __m256& lo, __m256& hi) const {
+    const __m256i c = _mm256_cvtepu8_epi16(codes);
+    const __m256i magnitude = e4m3_ ? _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7F)), 7)
+                                    : _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7F)), 8);
+    const __m256i nan = _mm256_cmpgt_epi16(magnitude, _mm256_set1_epi16(e4m3_ ? 0x3F00 : 0x7C00));
+    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8);
+    const __m256i h = _mm256_or_si256(_mm256_blendv_epi8(magnitude, _mm256_set1_epi16(0x7E00), nan), sign);
+    lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
     if (e4m3_) {
-      v = _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
-                           _mm256_castsi256_ps(_mm256_cmpeq_epi32(magnitude, _mm256_set1_epi32(0x7F))));
-    } else {
-      const __m256i special = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7B));
-      const __m256i inf = _mm256_cmpeq_epi32(magnitude, _mm256_set1_epi32(0x7C));
-      const __m256i bits = _mm256_blendv_epi8(_mm256_set1_epi32(0x7FC00000), _mm256_set1_epi32(0x7F800000), inf);
-      v = _mm256_blendv_ps(v, _mm256_castsi256_ps(bits), _mm256_castsi256_ps(special));
+      lo = _mm256_mul_ps(lo, _mm256_set1_ps(256.0f));
+      hi = _mm256_mul_ps(hi, _mm256_set1_ps(256.0f));
     }
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(0x80)), 24);
-    return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
   }
 
  private:
   bool e4m3_;
-  int shift_;
-  __m256i rebias_;
-  __m256 subnormal_step_;
-  __m256i smallest_normal_;
 };
 
 template <bool kStream>
 size_t restore8_f32_body(const uint8_t* src, float* dst, size_t n, __m256 s, const Fp8Widen& fp8) {
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
-    store256<kStream>(dst + i, _mm256_castps_si256(_mm256_mul_ps(fp8.values(codes), s)));
+  for (; i + 16 <= n; i += 16) {
+    __m256 lo, hi;
+    fp8.values(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)), lo, hi);
+    store256<kStream>(dst + i, _mm256_castps_si256(_mm256_mul_ps(lo, s)));
+    store256<kStream>(dst + i + 8, _mm256_castps_si256(_mm256_mul_ps(hi, s)));
   }
   return i;
 }
@@ -632,37 +625,57 @@ inline void put(float* out, __m256 v, __m256 post) {
   }
 }
 
-template <MxDecodeOp kOp>
-void mx_decode_blocks(const uint8_t* scales, const uint8_t* elements, size_t count, Wire wire, float* out, float post) {
-  const __m256 p = _mm256_set1_ps(post);
-  if (wire == Wire::kMxfp4) {
-    // The eight magnitudes by index, the sign from bit 3 (kE2m1Values' order).
-    const __m256 magnitudes = _mm256_loadu_ps(kE2m1Values);
-    for (size_t b = 0; b < count; ++b) {
-      const __m256 s = scale_lanes(scales[b]);
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(elements + b * kMxBlock / 2));
+// The 32 values of a block (its scale code and elements), element times scale rounded as
+// decode_block's (cpu_mx.cpp), into v[0..4).
+class MxBlockValues {
+ public:
+  explicit MxBlockValues(Wire wire)
+      : e2m1_(wire == Wire::kMxfp4),
+        fp8_(wire == Wire::kMxfp8 ? Wire::kE4m3 : Wire::kE5m2),
+        magnitudes_(_mm256_loadu_ps(kE2m1Values)) {}
+
+  size_t block_bytes() const { return e2m1_ ? kMxBlock / 2 : kMxBlock; }
+
+  void operator()(uint8_t code, const uint8_t* elements, __m256* v) const {
+    const __m256 s = scale_lanes(code);
+    if (e2m1_) {
+      // The eight magnitudes by index, the sign from bit 3 (kE2m1Values' order).
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(elements));
       const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
       const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
       const __m128i codes[2] = {_mm_unpacklo_epi8(low, high), _mm_unpackhi_epi8(low, high)};
-  #pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) {
-        const __m256i code = _mm256_cvtepu8_epi32(k % 2 ? _mm_srli_si128(codes[k / 2], 8) : codes[k / 2]);
-        const __m256 magnitude = _mm256_permutevar8x32_ps(magnitudes, code);
-        const __m256 value = _mm256_or_ps(magnitude, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(code, 3), 31)));
-        put<kOp>(out + b * kMxBlock + 8 * k, _mm256_mul_ps(value, s), p);
+      #pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const __m256i c = _mm256_cvtepu8_epi32(k % 2 ? _mm_srli_si128(codes[k / 2], 8) : codes[k / 2]);
+        const __m256 magnitude = _mm256_permutevar8x32_ps(magnitudes_, c);
+        const __m256 value = _mm256_or_ps(magnitude, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(c, 3), 31)));
+        v[k] = _mm256_mul_ps(value, s);
       }
+      return;
     }
-    return;
+    #pragma GCC unroll 2
+    for (int k = 0; k < 4; k += 2) {
+      fp8_.values(_mm_loadu_si128(reinterpret_cast<const __m128i*>(elements + 8 * k)), v[k], v[k + 1]);
+      v[k] = _mm256_mul_ps(v[k], s);
+      v[k + 1] = _mm256_mul_ps(v[k + 1], s);
+    }
   }
-  const Fp8Widen fp8(wire == Wire::kMxfp8 ? Wire::kE4m3 : Wire::kE5m2);
+
+ private:
+  bool e2m1_;
+  Fp8Widen fp8_;
+  __m256 magnitudes_;
+};
+
+template <MxDecodeOp kOp>
+void mx_decode_blocks(const uint8_t* scales, const uint8_t* elements, size_t count, Wire wire, float* out, float post) {
+  const __m256 p = _mm256_set1_ps(post);
+  const MxBlockValues values(wire);
   for (size_t b = 0; b < count; ++b) {
-    const __m256 s = scale_lanes(scales[b]);
-    const uint8_t* in = elements + b * kMxBlock;
-  #pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) {
-      const __m256i code = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in + 8 * k)));
-      put<kOp>(out + b * kMxBlock + 8 * k, _mm256_mul_ps(fp8.values(code), s), p);
-    }
+    __m256 v[4];
+    values(scales[b], elements + b * values.block_bytes(), v);
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) put<kOp>(out + b * kMxBlock + 8 * k, v[k], p);
   }
 }
 
@@ -675,12 +688,71 @@ void mx_decode(const uint8_t* scales, const uint8_t* elements, size_t count, Wir
   }
 }
 
+// Every rank's block decoded and added in registers: the sum is written once, where decoding rank by
+// rank into it wrote and read it back k times.
+void mx_sum(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t count, Wire wire,
+            float* out) {
+  if (k == 0) return;
+  const MxBlockValues values(wire);
+  for (size_t b = 0; b < count; ++b) {
+    __m256 sum[4], v[4];
+    values(scales[0][b], elements[0] + b * values.block_bytes(), sum);
+    for (size_t r = 1; r < k; ++r) {
+      values(scales[r][b], elements[r] + b * values.block_bytes(), v);
+      #pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) sum[j] = _mm256_add_ps(sum[j], v[j]);
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(out + b * kMxBlock + 8 * j, sum[j]);
+  }
+}
+
+// The frames' owner sum (scaled_sum in cpu_frames.cpp) with every rank's values widened, scaled and
+// added in registers, 16 elements a step.
+void scaled_sum_f32(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire w) {
+  if (k == 0) return;
+  size_t i = 0;
+  if (wire_bytes(w) == 1) {
+    const Fp8Widen fp8(w);
+    for (; i + 16 <= n; i += 16) {
+      __m256 lo, hi, sum_lo, sum_hi;
+      for (size_t r = 0; r < k; ++r) {
+        fp8.values(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(in[r]) + i)), lo, hi);
+        const __m256 s = _mm256_set1_ps(scales[r]);
+        lo = _mm256_mul_ps(lo, s);
+        hi = _mm256_mul_ps(hi, s);
+        sum_lo = r ? _mm256_add_ps(sum_lo, lo) : lo;
+        sum_hi = r ? _mm256_add_ps(sum_hi, hi) : hi;
+      }
+      _mm256_storeu_ps(dst + i, sum_lo);
+      _mm256_storeu_ps(dst + i + 8, sum_hi);
+    }
+  } else {
+    for (; i + 16 <= n; i += 16) {
+      __m256 sum_lo, sum_hi;
+      for (size_t r = 0; r < k; ++r) {
+        const uint16_t* x = static_cast<const uint16_t*>(in[r]) + i;
+        const __m256 s = _mm256_set1_ps(scales[r]);
+        const __m256 lo = _mm256_mul_ps(widen8(x, w), s), hi = _mm256_mul_ps(widen8(x + 8, w), s);
+        sum_lo = r ? _mm256_add_ps(sum_lo, lo) : lo;
+        sum_hi = r ? _mm256_add_ps(sum_hi, hi) : hi;
+      }
+      _mm256_storeu_ps(dst + i, sum_lo);
+      _mm256_storeu_ps(dst + i + 8, sum_hi);
+    }
+  }
+  if (i == n) return;
+  std::vector<const void*> rest(k);
+  for (size_t r = 0; r < k; ++r) rest[r] = static_cast<const uint8_t*>(in[r]) + i * wire_bytes(w);
+  scalar_kernels().scaled_sum_f32(rest.data(), scales, k, dst + i, n - i, w);
+}
+
 }  // namespace
 
 const CpuKernels* avx2_f16c_kernels() {
   static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add,
                                   cast_add_f32, sum, sum_f32, amax_f32, cast8_f32, restore8_f32,
-                                  mx_encode_f32, mx_decode};
+                                  scaled_sum_f32, mx_encode_f32, mx_decode, mx_sum};
   return &kernels;
 }
 

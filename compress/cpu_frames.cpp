@@ -69,10 +69,12 @@ struct Table {
 };
 
 
-// out = widen(in[first..first+n)) * scale.
+// out = widen(in[first..first+n)) * scale, by the scalar kernels.
 void decode(const void* in, size_t first, float* out, size_t n, float scale, Wire wire) {
-  if (wire_bytes(wire) == 2) return restore(static_cast<const uint16_t*>(in) + first, out, n, scale, wire);
-  restore(static_cast<const uint8_t*>(in) + first, out, n, scale, wire);
+  if (wire_bytes(wire) == 2) {
+    return detail::scalar_kernels().restore_f32(static_cast<const uint16_t*>(in) + first, out, n, scale, wire);
+  }
+  detail::scalar_restore8_f32(static_cast<const uint8_t*>(in) + first, out, n, scale, wire);
 }
 
 }  // namespace
@@ -100,6 +102,21 @@ void scalar_cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wir
 void scalar_restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w) {
   const float* value = fp8_values(w);
   for (size_t i = 0; i < n; ++i) dst[i] = value[src[i]] * scale;
+}
+
+void scalar_scaled_sum_f32(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire wire) {
+  // Block by block, so that the running sum stays in cache while every rank's values are added.
+  constexpr size_t kBlock = 2048;
+  float decoded[kBlock];
+  for (size_t first = 0; first < n; first += kBlock) {
+    const size_t m = n - first < kBlock ? n - first : kBlock;
+    float* acc = dst + first;
+    for (size_t r = 0; r < k; ++r) {
+      decode(in[r], first, r == 0 ? acc : decoded, m, scales[r], wire);
+      if (r == 0) continue;
+      for (size_t i = 0; i < m; ++i) acc[i] += decoded[i];
+    }
+  }
 }
 
 }  // namespace detail
@@ -136,18 +153,7 @@ void restore(const uint8_t* src, double* dst, size_t n, float scale, Wire wire) 
 }
 
 void scaled_sum(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire wire) {
-  // Block by block, so that the running sum stays in cache while every rank's values are added.
-  constexpr size_t kBlock = 2048;
-  float decoded[kBlock];
-  for (size_t first = 0; first < n; first += kBlock) {
-    const size_t m = n - first < kBlock ? n - first : kBlock;
-    float* acc = dst + first;
-    for (size_t r = 0; r < k; ++r) {
-      decode(in[r], first, r == 0 ? acc : decoded, m, scales[r], wire);
-      if (r == 0) continue;
-      for (size_t i = 0; i < m; ++i) acc[i] += decoded[i];
-    }
-  }
+  detail::active_kernels().scaled_sum_f32(in, scales, k, dst, n, wire);
 }
 
 }  // namespace cnccl::compress

@@ -32,6 +32,8 @@ struct CpuKernels {
   float (*amax_f32)(const float*, size_t);
   void (*cast8_f32)(const float*, uint8_t*, size_t, float, Wire);
   void (*restore8_f32)(const uint8_t*, float*, size_t, float, Wire);
+  // The owner's sum of k ranks' frames of a 16- or 8-bit wire (codec.h, scaled_sum).
+  void (*scaled_sum_f32)(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire);
   // MX blocks (cpu_mx.cpp): `blocks` whole blocks of 32 values src[i] * scale, their scale codes to
   // scales[0..blocks) and their elements to `elements` (32 bytes a block, 16 for e2m1); what the
   // values met is counted into the census, if any (samples are taken by the caller).
@@ -40,6 +42,10 @@ struct CpuKernels {
   // The values of `blocks` whole blocks (scales, elements laid out as above) of `wire`, into out[0..32 * blocks).
   void (*mx_decode)(const uint8_t* scales, const uint8_t* elements, size_t blocks, Wire wire, float* out,
                     MxDecodeOp op, float post);
+  // out[0..32 * blocks) = the sum in rank order of k ranks' values of `blocks` whole blocks, rank r's
+  // scales and elements at scales[r] and elements[r] (laid out as above).
+  void (*mx_sum)(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t blocks, Wire wire,
+                 float* out);
 };
 
 // The kernels in use (cpu_dispatch.cpp, set_cpu_path).
@@ -70,11 +76,14 @@ float bf16_to_f32(uint16_t h);
 float scalar_amax_f32(const float* src, size_t n);
 void scalar_cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w);
 void scalar_restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w);
+void scalar_scaled_sum_f32(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire w);
 // The scalar MX block kernels (cpu_mx.cpp), also the definition the vector ones are tested against.
 void scalar_mx_encode_f32(const float* src, size_t blocks, float scale, const MxBlockFormat& f, MxScale rule,
                           uint8_t* scales, uint8_t* elements, Census* census);
 void scalar_mx_decode(const uint8_t* scales, const uint8_t* elements, size_t blocks, Wire wire, float* out,
                       MxDecodeOp op, float post);
+void scalar_mx_sum(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t blocks, Wire wire,
+                   float* out);
 // The values of e2m1's 16 codes (sign in bit 3).
 extern const float kE2m1Values[16];
 // The 256 values of an 8-bit format, exactly.

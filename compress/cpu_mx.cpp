@@ -1,9 +1,10 @@
 // The CPU kernels of MX blocks (codec.h, mx_encode). Runs of whole blocks go to the dispatched block
-// kernels (the scalar ones here, which define the encoding; vector forms in cpu_mx_avx2.cpp, tested bit
+// kernels (the scalar ones here, which define the encoding; vector forms in cpu_avx2.cpp, tested bit
 // for bit against them); a run's short or zero-padded last block, fp64 sources' scaling and the census's
 // samples are handled here, one block at a time.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <xmmintrin.h>
@@ -197,6 +198,16 @@ void scalar_mx_decode(const uint8_t* scales, const uint8_t* elements, size_t cou
   }
 }
 
+void scalar_mx_sum(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t count, Wire wire,
+                   float* out) {
+  for (size_t b = 0; b < count; ++b) {
+    for (size_t r = 0; r < k; ++r) {
+      decode_block(scales[r][b], block_elements(elements[r], b, wire), kMxBlock, wire, out + b * kMxBlock,
+                   r == 0 ? MxDecodeOp::kStore : MxDecodeOp::kAdd, 0.0f);
+    }
+  }
+}
+
 }  // namespace detail
 
 const char* mx_scale_name(MxScale rule) { return rule == MxScale::kFloor ? "floor" : "rceil"; }
@@ -214,24 +225,17 @@ void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire
 
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire) {
   const GradualUnderflow exact;
-  // A piece at a time, so that the running sum stays in L1 while every rank's values are added.
-  constexpr size_t kPiece = 64 * kMxBlock;
-  for (size_t first = 0; first < n; first += kPiece) {
-    const size_t m = std::min(kPiece, n - first);
-    for (size_t r = 0; r < k; ++r) {
-      const uint8_t* run = in[r];
-      // The piece's blocks within the run of n: its scales from block first / 32, its elements likewise.
-      const size_t b = first / kMxBlock;
-      const uint8_t* scales = run + b;
-      const uint8_t* elements = run + blocks(n) + element_bytes(first, wire);
-      const MxDecodeOp op = r == 0 ? MxDecodeOp::kStore : MxDecodeOp::kAdd;
-      const size_t whole = m / kMxBlock;
-      detail::active_kernels().mx_decode(scales, elements, whole, wire, dst + first, op, 0.0f);
-      if (whole * kMxBlock < m) {
-        decode_block(scales[whole], block_elements(elements, whole, wire), m - whole * kMxBlock, wire,
-                     dst + first + whole * kMxBlock, op, 0.0f);
-      }
-    }
+  std::vector<const uint8_t*> scales(k), elements(k);
+  for (size_t r = 0; r < k; ++r) {
+    scales[r] = in[r];
+    elements[r] = in[r] + blocks(n);
+  }
+  const size_t whole = n / kMxBlock;
+  detail::active_kernels().mx_sum(scales.data(), elements.data(), k, whole, wire, dst);
+  if (whole * kMxBlock == n) return;
+  for (size_t r = 0; r < k; ++r) {
+    decode_block(scales[r][whole], block_elements(elements[r], whole, wire), n - whole * kMxBlock, wire,
+                 dst + whole * kMxBlock, r == 0 ? MxDecodeOp::kStore : MxDecodeOp::kAdd, 0.0f);
   }
 }
 

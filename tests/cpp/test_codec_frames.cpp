@@ -12,10 +12,20 @@
 #include <random>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "compress/codec.h"
 
 namespace cnccl::compress {
 namespace {
+
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 // torch's conversion, except where codec.h departs from it: e4m3 gives NaN (sign kept) past its largest
 // value, where torch saturates at 448; 464 is the midpoint between 448 and the next binade.
@@ -27,14 +37,15 @@ float torch_widen8(uint8_t b, Wire w) {
   return w == Wire::kE4m3 ? float(c10::Float8_e4m3fn(b, c10::Float8_e4m3fn::from_bits()))
                           : float(c10::Float8_e5m2(b, c10::Float8_e5m2::from_bits()));
 }
+// The bits codec.h's tables give: torch's value, a NaN as 0x7FC00000 with the code's sign.
+float fp8_table(uint8_t b, Wire w) {
+  const float v = torch_widen8(b, w);
+  if (!std::isnan(v)) return v;
+  return float_of(b & 0x80 ? 0xFFC00000u : 0x7FC00000u);
+}
 float torch_widen16(uint16_t h, Wire w) {
   return w == Wire::kFp16 ? float(c10::Half(h, c10::Half::from_bits()))
                           : float(c10::BFloat16(h, c10::BFloat16::from_bits()));
-}
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
 }
 bool same_value(float a, float b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
 
@@ -46,6 +57,19 @@ std::vector<CpuPath> supported_paths() {
   return out;
 }
 const CpuPath best_path = cpu_path();
+
+// Subnormals read as zero and results flushed to zero for its lifetime (torch.set_flush_denormal(True)
+// sets the same bits): what a group's threads inherit from a caller that flushes.
+class FlushDenormals {
+ public:
+#if defined(__x86_64__)
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
 
 class Fp8 : public ::testing::TestWithParam<Wire> {};
 
@@ -113,6 +137,19 @@ TEST_P(Fp8, RestoreEveryCode) {
       EXPECT_TRUE(same_value(f[c], v * 0.25f)) << cpu_path_name(path) << " " << c << ": " << f[c] << " vs " << v;
       EXPECT_TRUE(same_value(float(d[c]), float(double(v) * 3.0))) << c;
     }
+    // NaN codes too give the scalar table's bits (NaN 0x7FC00000, its sign kept), on every path and
+    // whatever the thread's denormal setting (the subnormal codes still decode; the products here
+    // stay normal).
+    std::vector<float> flushed(256);
+    {
+      const FlushDenormals flush;
+      restore(codes.data(), flushed.data(), 256, 0.25f, w);
+    }
+    for (int c = 0; c < 256; ++c) {
+      const float want = fp8_table(uint8_t(c), w) * 0.25f;
+      EXPECT_EQ(std::memcmp(&f[c], &want, 4), 0) << cpu_path_name(path) << " code " << c << ": " << f[c];
+      EXPECT_EQ(std::memcmp(&flushed[c], &want, 4), 0) << cpu_path_name(path) << " flushing, code " << c;
+    }
     // An output large enough for streaming stores (8 MiB and up), starting off a 32-byte boundary, with
     // a tail: every element as the small case gives it.
     const size_t n = (size_t(8) << 20) / sizeof(float) + 37;
@@ -165,8 +202,16 @@ TEST(Frames, ScaledSumDecodesEachFrameAndAddsInRankOrder) {
           in.push_back(bytes[r].data());
           scales.push_back(std::ldexp(1.0f, int(gen() % 40) - 20));
         }
-        std::vector<float> got(n, NAN);
-        scaled_sum(in.data(), scales.data(), k, got.data(), n, w);
+        std::vector<std::vector<float>> results;
+        for (CpuPath path : supported_paths()) {
+          set_cpu_path(path);
+          results.emplace_back(n, NAN);
+          scaled_sum(in.data(), scales.data(), k, results.back().data(), n, w);
+          const FlushDenormals flush;
+          results.emplace_back(n, NAN);
+          scaled_sum(in.data(), scales.data(), k, results.back().data(), n, w);
+        }
+        set_cpu_path(best_path);
         for (size_t i = 0; i < n; ++i) {
           float want = 0;
           for (size_t r = 0; r < k; ++r) {
@@ -181,7 +226,11 @@ TEST(Frames, ScaledSumDecodesEachFrameAndAddsInRankOrder) {
             const float term = v * scales[r];
             want = r == 0 ? term : want + term;
           }
-          ASSERT_TRUE(same_value(got[i], want)) << wire_name(w) << " k=" << k << " n=" << n << " i=" << i;
+          // Flushing, a subnormal product may become zero, on every path alike (the scalar path's).
+          for (size_t j = 0; j < results.size(); ++j) {
+            ASSERT_TRUE(same_value(results[j][i], j % 2 ? results[1][i] : want))
+                << wire_name(w) << " k=" << k << " n=" << n << " i=" << i << " path " << j / 2 << (j % 2 ? " flushing" : "");
+          }
         }
       }
     }
