@@ -317,6 +317,12 @@ float amax_f32(const float* src, size_t n) {
 // to_fp8 (cpu_frames.cpp) on 8 lanes: the normal and subnormal roundings both computed, then chosen.
 // e2m1 (mantissa 1 bit, bias 1) is the same kind of format: its codes_in_range() of a magnitude are
 // e2m1_code's (cpu_mx.cpp), ties to the even code included.
+//
+// The choice takes no compare: below the smallest normal (code 2^m) the subnormal rounding's code is
+// at most 2^m and at least the normal rounding's (which is below 2^m, or negative below the binade
+// under it); from the smallest normal up, the normal rounding's is at least 2^m and the subnormal
+// rounding's, capped at 2^m, no more. So max(normal, min(subnormal, 2^m)) is the right one everywhere.
+// e4m3's overflow code is its NaN, so a NaN's normal rounding, capped there, is already right.
 class Fp8Lanes {
  public:
   explicit Fp8Lanes(Wire w)
@@ -324,7 +330,8 @@ class Fp8Lanes {
                  w == Wire::kE4m3 ? 0x7F : 0x7C) {}
   Fp8Lanes(int mantissa_bits, int bias, int overflow)
       : shift_(23 - mantissa_bits),
-        min_normal_(_mm256_set1_epi32((128 - bias) << 23)),
+        nan_is_overflow_(overflow == 0x7F),
+        smallest_normal_code_(_mm256_set1_epi32(1 << mantissa_bits)),
         big_bits_(_mm256_set1_epi32((128 - bias - mantissa_bits + 23) << 23)),
         half_minus_one_(_mm256_set1_epi32((1 << (shift_ - 1)) - 1)),
         rebias_(_mm256_set1_epi32((127 - bias) << mantissa_bits)),
@@ -333,35 +340,44 @@ class Fp8Lanes {
   // The codes of 8 fp32 values, one in the low byte of each 32-bit lane.
   __m256i codes(__m256 v) const {
     const __m256i x = _mm256_castps_si256(v);
-    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 24), _mm256_set1_epi32(0x80));
     const __m256i ax = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
-    const __m256i subnormal = _mm256_sub_epi32(
-        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(ax), _mm256_castsi256_ps(big_bits_))), big_bits_);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ax, shift_), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_add_epi32(ax, _mm256_add_epi32(half_minus_one_, odd));
-    const __m256i normal = _mm256_min_epi32(_mm256_sub_epi32(_mm256_srli_epi32(rounded, shift_), rebias_), top_);
-    __m256i code = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(min_normal_, ax));
-    code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F), _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7F800000)));
-    return _mm256_or_si256(code, sign);
+    __m256i code = _mm256_max_epi32(_mm256_min_epi32(normal(ax), top_), subnormal(ax));
+    if (!nan_is_overflow_) {
+      code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F), _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7F800000)));
+    }
+    return _mm256_or_si256(code, sign(x));
   }
 
   // codes() for values known to be finite and at most the format's largest magnitude (an MX block's,
   // after its scale): no NaN and no overflow to handle.
   __m256i codes_in_range(__m256 v) const {
     const __m256i x = _mm256_castps_si256(v);
-    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(x, 24), _mm256_set1_epi32(0x80));
     const __m256i ax = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
-    const __m256i subnormal = _mm256_sub_epi32(
-        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(ax), _mm256_castsi256_ps(big_bits_))), big_bits_);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ax, shift_), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_add_epi32(ax, _mm256_add_epi32(half_minus_one_, odd));
-    const __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(rounded, shift_), rebias_);
-    return _mm256_or_si256(_mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(min_normal_, ax)), sign);
+    return _mm256_or_si256(_mm256_max_epi32(normal(ax), subnormal(ax)), sign(x));
   }
 
  private:
+  static __m256i sign(__m256i x) { return _mm256_and_si256(_mm256_srli_epi32(x, 24), _mm256_set1_epi32(0x80)); }
+
+  // Rounded to the format's subnormal step (the fp32 adder rounds to nearest even there), capped at
+  // the smallest normal's code.
+  __m256i subnormal(__m256i ax) const {
+    const __m256i code = _mm256_sub_epi32(
+        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(ax), _mm256_castsi256_ps(big_bits_))), big_bits_);
+    return _mm256_min_epi32(code, smallest_normal_code_);
+  }
+
+  // Rounded to nearest even at the format's mantissa, rebiased (negative for magnitudes two binades
+  // and more below the smallest normal).
+  __m256i normal(__m256i ax) const {
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ax, shift_), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(ax, _mm256_add_epi32(half_minus_one_, odd));
+    return _mm256_sub_epi32(_mm256_srli_epi32(rounded, shift_), rebias_);
+  }
+
   int shift_;
-  __m256i min_normal_, big_bits_, half_minus_one_, rebias_, top_;
+  bool nan_is_overflow_;
+  __m256i smallest_normal_code_, big_bits_, half_minus_one_, rebias_, top_;
 };
 
 void cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w) {
