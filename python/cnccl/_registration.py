@@ -32,11 +32,37 @@ def _create(dist_backend_opts, pg_options):
     store, rank, size = dist_backend_opts.store, dist_backend_opts.group_rank, dist_backend_opts.group_size
     cpu_engine = None
     if options._resolved_cpu_engine() == "gloo":
-        # Built here because torch's wheel ships no gloo headers for C++ to build it with.
-        from torch.distributed import PrefixStore, ProcessGroupGloo
-
-        cpu_engine = ProcessGroupGloo(PrefixStore("cnccl/gloo/", store), rank, size, dist_backend_opts.timeout)
+        cpu_engine = _gloo_engine(store, rank, size, dist_backend_opts.timeout)
     return ProcessGroupCNCCL(store, rank, size, options, cpu_engine)
+
+
+def _gloo_engine(store, rank, size, timeout):
+    """The gloo group a cpu_engine=gloo group composes (built here: torch's wheel ships no gloo headers
+    for C++ to build it with), with one worker thread where gloo's default is two.
+
+    After every work, ProcessGroupGloo::runLoop (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp)
+    assigns the group's pgStatus_->lastCompletedWorkName outside its lock: two workers finishing at once
+    race on one std::string. cnccl keeps several works of its gloo group in flight (a call per dtype of a
+    coalesced collective, the agreement beside the collective), and the names of some are too long for the
+    string's inline buffer (ALLGATHER_COALESCED, ALLREDUCE_COALESCED, _REDUCE_SCATTER_BASE): the race then
+    frees a heap buffer twice, which corrupts the heap (docs/testing.md, "The heap corruption at 4 ranks").
+    One worker runs the group's works in order; none of them waits on another of the group's works there.
+    """
+    import os
+
+    from torch.distributed import PrefixStore, ProcessGroupGloo
+
+    gloo_options = ProcessGroupGloo._Options()
+    gloo_options._timeout = timeout
+    # The devices gloo's own constructor picks (torch/csrc/distributed/c10d/init.cpp, ProcessGroupGloo's
+    # init from a timeout): one per interface in GLOO_SOCKET_IFNAME, else the host's default.
+    interfaces = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    if len(interfaces) > 1:
+        gloo_options._devices = [ProcessGroupGloo.create_device(interface=i) for i in interfaces.split(",")]
+    else:
+        gloo_options._devices = [ProcessGroupGloo.create_default_device()]
+    gloo_options._threads = 1
+    return ProcessGroupGloo(PrefixStore("cnccl/gloo/", store), rank, size, gloo_options)
 
 
 def register():

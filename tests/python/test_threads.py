@@ -6,6 +6,9 @@
   started by a first group before the count).
 - A job that exits without `destroy_process_group`, groups still alive and a collective's work still
   held, exits 0: no thread of a group tears it down during interpreter finalization.
+- A cpu_engine=gloo group's gloo group runs one worker thread, not gloo's default two: two workers
+  finishing works at once race in torch's ProcessGroupGloo::runLoop (python/cnccl/_registration.py,
+  _gloo_engine), counted by their name.
 - A group destroyed or aborted while its issuer holds a job that every rank agreed on and that is
   not yet issued to gloo (held there by the test-only pause `CNCCL_TEST_ISSUER_DELAY`,
   backend/composed/issuer.cpp): neither crashes nor hangs, the job's work fails naming why, and the
@@ -34,6 +37,18 @@ FINALIZE_S = 1.0  # then finalization lasts that long
 
 def threads():
     return len(os.listdir("/proc/self/task"))
+
+
+def gloo_workers():
+    """ProcessGroupGloo's worker threads (torch names them pt_gloo_runloop), started by its constructor."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return names.count("pt_gloo_runloop")
 
 
 class SlowToFinalize:
@@ -104,6 +119,29 @@ def rank_main(mode, engine):
             json.dump({"error": error, "unchanged": bool((t == 1).all()), "ended_s": ended_s}, f)
         dist.destroy_process_group()
         return
+    if mode == "gloo_workers":
+        from torch.distributed import HashStore, ProcessGroupGloo
+
+        def settled_count():
+            # A worker names itself once it runs: count until five samples 0.1 s apart agree.
+            counts = [gloo_workers()]
+            while len(counts) < 5 or len(set(counts[-5:])) > 1:
+                time.sleep(0.1)
+                counts.append(gloo_workers())
+            return counts[-1]
+
+        def workers_added(make):
+            before = settled_count()
+            kept = make()
+            return settled_count() - before, kept
+
+        # gloo's own default (two workers), to show that its workers are counted, then cnccl's group.
+        default_added, _ = workers_added(lambda: ProcessGroupGloo(HashStore(), 0, 1))
+        cnccl_added, _ = workers_added(lambda: dist.new_group(backend="cnccl", pg_options=cnccl.Options(cpu_engine="gloo")))
+        with open(os.path.join(os.environ["CNCCL_TEST_OUT"], f"rank{rank}.json"), "w") as f:
+            json.dump({"gloo_default": default_added, "cnccl_gloo_group": cnccl_added}, f)
+        dist.destroy_process_group()
+        return
     if mode in ("exit", "exit_finalizing_slowly"):
         if mode == "exit_finalizing_slowly":
             global finalizing_slowly
@@ -155,6 +193,15 @@ def test_a_destroyed_group_leaves_no_thread_behind(engine):
         assert counts["after"] <= counts["before"], (
             f"rank {rank} on {engine}: {counts['after'] - counts['before']} threads outlived three destroyed groups "
             f"by {BOUND_S} s ({counts})")
+
+
+def test_a_gloo_engine_group_runs_one_gloo_worker():
+    out, codes = run("gloo_workers", "gloo", world=1)
+    assert codes == [0], f"the rank exited with {codes}"
+    with open(os.path.join(out, "rank0.json")) as f:
+        added = json.load(f)
+    assert added["gloo_default"] == 2, f"gloo's default group started {added['gloo_default']} pt_gloo_runloop threads"
+    assert added["cnccl_gloo_group"] == 1, f"a cpu_engine=gloo group started {added['cnccl_gloo_group']} gloo workers"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
