@@ -155,6 +155,10 @@ inline uint32_t mx_largest_fraction(Wire wire) { return wire == Wire::kMxfp4 ? 0
 // dst[i] = ((decode(in[0])[i] + decode(in[1])[i]) + ...) + decode(in[k-1])[i] in fp32; decoding,
 // element times 2^X, is exact.
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire);
+// The run mx_encode(sums, n, n, 1.0f, wire, rule, dst) writes, sums being mx_sum's of in[0..k): an
+// owner's sum framed again, its sums never in memory whole. Counts what the encoding meets into this
+// thread's census, and takes no samples.
+void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxScale rule, uint8_t* dst);
 // dst[i] = T(decode(src)[i]) * T(post) in dst's precision T, for the first n <= count elements of
 // the run of `count` at src.
 void mx_restore(const uint8_t* src, size_t count, float* dst, size_t n, float post, Wire wire);

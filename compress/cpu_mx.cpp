@@ -129,13 +129,12 @@ Byte* block_elements(Byte* elements, size_t b, Wire wire) {
 }
 
 // Counts into this thread's census, and samples its stride (set only with a census).
+// The run's scales and elements may lie apart (a piece of a longer run: mx_sum_encode).
 template <typename T>
-void encode(const T* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst,
-            const detail::CensusSink& sink) {
+void encode(const T* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* scales,
+            uint8_t* elements, const detail::CensusSink& sink) {
   const MxBlockFormat f = detail::mx_block_format(wire);
   const detail::CpuKernels& kernels = detail::active_kernels();
-  uint8_t* scales = dst;
-  uint8_t* elements = dst + blocks(count);
   size_t b = 0;
   if constexpr (std::is_same_v<T, float>) {
     // The whole blocks of given values go to the block kernel at once.
@@ -216,11 +215,11 @@ size_t mx_bytes(size_t n, Wire wire) { return blocks(n) + element_bytes(n, wire)
 
 void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst) {
   const GradualUnderflow exact;
-  encode(src, n, count, scale, wire, rule, dst, detail::census_sink());
+  encode(src, n, count, scale, wire, rule, dst, dst + blocks(count), detail::census_sink());
 }
 void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst) {
   const GradualUnderflow exact;
-  encode(src, n, count, scale, wire, rule, dst, detail::census_sink());
+  encode(src, n, count, scale, wire, rule, dst, dst + blocks(count), detail::census_sink());
 }
 
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire) {
@@ -236,6 +235,30 @@ void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire)
   for (size_t r = 0; r < k; ++r) {
     decode_block(scales[r][whole], block_elements(elements[r], whole, wire), n - whole * kMxBlock, wire,
                  dst + whole * kMxBlock, r == 0 ? MxDecodeOp::kStore : MxDecodeOp::kAdd, 0.0f);
+  }
+}
+
+void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxScale rule, uint8_t* dst) {
+  const GradualUnderflow exact;
+  // A piece at a time through a sum that stays in L1; the census counts, but takes no samples: the
+  // sums are not a rank's contribution.
+  constexpr size_t kPiece = 64 * kMxBlock;
+  float sums[kPiece];
+  const detail::CensusSink counts{detail::census_sink().census, 0};
+  std::vector<const uint8_t*> scales(k), elements(k);
+  for (size_t first = 0; first < n; first += kPiece) {
+    const size_t m = std::min(kPiece, n - first), b = first / kMxBlock;
+    for (size_t r = 0; r < k; ++r) {
+      scales[r] = in[r] + b;
+      elements[r] = in[r] + blocks(n) + element_bytes(first, wire);
+    }
+    const size_t whole = m / kMxBlock;
+    detail::active_kernels().mx_sum(scales.data(), elements.data(), k, whole, wire, sums);
+    for (size_t r = 0; whole * kMxBlock < m && r < k; ++r) {
+      decode_block(scales[r][whole], block_elements(elements[r], whole, wire), m - whole * kMxBlock, wire,
+                   sums + whole * kMxBlock, r == 0 ? MxDecodeOp::kStore : MxDecodeOp::kAdd, 0.0f);
+    }
+    encode(sums, m, m, 1.0f, wire, rule, dst + b, dst + blocks(n) + element_bytes(first, wire), counts);
   }
 }
 

@@ -39,8 +39,6 @@ struct BlockSpan {
   }
 };
 
-// An owner's fp32 sums of the pieces it reduces; the executor thread's alone.
-std::shared_ptr<std::vector<float>> sums_buffer() { return std::make_shared<std::vector<float>>(); }
 
 }  // namespace
 
@@ -54,7 +52,6 @@ HostPath::Step HostPath::mx_allreduce_step(const at::Tensor& tensor, const Plan&
   // every chunk is in (a strided tensor, or untouched_on_failure: docs/design.md, "Shared memory").
   const bool direct = tensor.is_contiguous() && !config_.untouched_on_failure;
   auto src = std::make_shared<at::Tensor>();
-  auto sums = sums_buffer();
   Step step;
   step.on_shm = on_shm;
   step.workspace_bytes = direct ? 0 : n * wide;
@@ -73,12 +70,8 @@ HostPath::Step HostPath::mx_allreduce_step(const at::Tensor& tensor, const Plan&
     };
     const RankSum sum = [=](const char* const* inputs, char* dst, size_t block, size_t k) {
       const BlockSpan s(block, k, blocks, count, n);
-      sums->resize(std::max(sums->size(), s.covered));
-      compress::mx_sum(reinterpret_cast<const uint8_t* const*>(inputs), size_t(size), sums->data(), s.covered,
-                       plan.wire);
-      const compress::CensusSamplesPaused not_a_contribution;
-      compress::mx_encode(sums->data(), s.covered, s.covered, 1.0f, plan.wire, plan.mx_scale,
-                          reinterpret_cast<uint8_t*>(dst));
+      compress::mx_sum_encode(reinterpret_cast<const uint8_t* const*>(inputs), size_t(size), s.covered, plan.wire,
+                              plan.mx_scale, reinterpret_cast<uint8_t*>(dst));
     };
     const ChunkConsume consume = [=](size_t block, size_t k, const char* result) {
       const BlockSpan s(block, k, blocks, count, n);
