@@ -117,7 +117,7 @@ AllreduceAlgorithm choose_allreduce(int64_t wire_bytes, SharedMemory shared_memo
   if (shared_memory == SharedMemory::kOneHost) return AllreduceAlgorithm::kShm;
   if (fp32_sum) return AllreduceAlgorithm::kAlltoall;
   if (shared_memory == SharedMemory::kPerHost) return AllreduceAlgorithm::kHierarchical;
-  return wire_bytes > kDirectAllreduceMaxBytes ? AllreduceAlgorithm::kRing : AllreduceAlgorithm::kDirect;
+  return wire_bytes > kDirectAllreduceMaxBytes ? AllreduceAlgorithm::kChunked : AllreduceAlgorithm::kDirect;
 }
 
 AllreduceAlgorithm choose_reduce_scatter(SharedMemory shared_memory, bool fp32_sum, Framing framing) {

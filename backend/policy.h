@@ -65,12 +65,14 @@ enum class SharedMemory : uint8_t { kNone, kOneHost, kPerHost };
 // The host path's allreduce algorithms: through shared memory when every rank shares it (every
 // size: it has its own small-message form); hierarchical across hosts (shared memory inside each
 // host, UCX between them); else over the transport, one exchange with every peer (latency-bound
-// sizes) or a ring reduce-scatter + allgather (bandwidth-bound sizes). A plan with fp32_sum needs
+// sizes) or the chunked all-to-all (bandwidth-bound sizes: reduce_chunked, the pieces cast, sent,
+// summed by their owners in rank order and restored a chunk at a time, so the copies overlap the
+// link; the ring is kept for reduce_scatter and between hosts). A plan with fp32_sum needs
 // every rank's contribution at its part's owner: through shared memory on one host, else an
 // all-to-all reduce-scatter + allgather. Frames (MX blocks, which carry their own scales, and
 // power-of-two frames, cut into pieces after each part's exponent is known) go through shared memory
 // on one host too; elsewhere the all-to-all is chunked and pipelined (reduce_chunked).
-enum class AllreduceAlgorithm : uint8_t { kShm, kHierarchical, kDirect, kRing, kAlltoall };
+enum class AllreduceAlgorithm : uint8_t { kShm, kHierarchical, kDirect, kRing, kAlltoall, kChunked };
 // How a plan's parts travel: as they are, in frames with one exponent a part, or as MX blocks.
 enum class Framing : uint8_t { kNone, kPerPart, kBlocks };
 inline Framing framing_of(const Plan& plan) {

@@ -30,47 +30,49 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
       choose_allreduce(int64_t(n * elem), shared_memory(), plan.fp32_sum, framing_of(plan));
   if (framing_of(plan) == Framing::kBlocks) return mx_allreduce_step(tensor, plan, algorithm == AllreduceAlgorithm::kShm);
   if (plan.framed) return framed_allreduce_step(tensor, plan, algorithm == AllreduceAlgorithm::kShm);
-  const bool ring = algorithm == AllreduceAlgorithm::kRing;
-  const bool fused = ring && FusedCast::applies(plan, dtype);
   const auto dithered = dithers(plan, n);
   const compress::Dither contributions = dithered.first, sums = dithered.second;
   auto src = std::make_shared<at::Tensor>();  // the tensor as one block, from pre on
   Step step;
   const bool through_shm = algorithm == AllreduceAlgorithm::kShm || algorithm == AllreduceAlgorithm::kHierarchical;
+  const bool chunked = algorithm == AllreduceAlgorithm::kChunked;
   step.on_shm = algorithm == AllreduceAlgorithm::kShm;
-  // Through shared memory the results go straight from the slots into the caller's tensor, a pass
-  // less than restoring from a workspace after the last chunk, unless the group asked for its
-  // tensors to stay as they were when a collective fails (docs/design.md, "Shared memory").
-  const bool direct = step.on_shm && tensor.is_contiguous() && !config_.untouched_on_failure;
+  // Through shared memory and in the chunked all-to-all the results go straight into the caller's
+  // tensor as each chunk comes back, a pass less than restoring from a workspace after the last
+  // chunk, unless the group asked for its tensors to stay as they were when a collective fails
+  // (docs/design.md, "Shared memory").
+  const bool direct = (step.on_shm || chunked) && tensor.is_contiguous() && !config_.untouched_on_failure;
   step.workspace_bytes = direct ? 0 : n * elem;
   if (direct) step.wrote_results = std::make_shared<bool>(false);
   const std::shared_ptr<bool> wrote = step.wrote_results;
   step.pre = [=](const Buffers& b) {
     *src = tensor.contiguous();
-    if (fused || through_shm) return;  // cast as the ring reduces (FusedCast), or as shared memory takes it
+    if (through_shm || chunked) return;  // cast a chunk at a time, as the chunks are sent
     auto* wire = reinterpret_cast<uint16_t*>(b.workspace);
     if (plan.compress) return cast_into(*src, wire, plan, contributions);
     pack(*src, b.workspace);
     pre_scale(b.workspace, n, dtype, plan);
   };
   step.algorithm = [=, this](const Buffers& b) {
-    if (through_shm) {
+    if (through_shm || chunked) {
       const char* x = static_cast<const char*>(src->const_data_ptr());
       const size_t wide = src->element_size();
       auto source = [=](size_t i) { return x + i * wide; };
-      ChunkedReduction local{Parts::even(n, shm_->size()), elem,
-                         timed_producer(shm_producer(source, plan, dtype, contributions)),
-                         timed_reducer(rank_sum(plan, dtype, shm_->size(), sums)), b.workspace,
+      const int ranks = chunked ? size_ : shm_->size();
+      ChunkedReduction local{Parts::even(n, ranks), elem,
+                         timed_producer(chunk_producer(source, plan, dtype, contributions)),
+                         timed_reducer(rank_sum(plan, dtype, ranks, sums)), b.workspace,
                          ChunkedReduction::kAll};
       if (direct) {
         // *src is the tensor itself (contiguous).
-        local.consume = timed_consumer([consume = shm_consumer(static_cast<char*>(tensor.data_ptr()), plan, dtype),
+        local.consume = timed_consumer([consume = chunk_consumer(static_cast<char*>(tensor.data_ptr()), plan, dtype),
                                         wrote](size_t offset, size_t count, const char* result) {
           *wrote = true;
           consume(offset, count, result);
         });
       }
       if (algorithm == AllreduceAlgorithm::kShm) return reduce_shm(*shm_, local);
+      if (chunked) return reduce_chunked(*comm_, local);
       comm_->end();  // the group's signature agreement, before any data moves
       return allreduce_hierarchical(*shm_, *cross_, local, timed_reducer(reducer(plan, dtype)));
     }
@@ -81,12 +83,7 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
                               b.workspace + parts.offset[rank_] * elem);
       return allgather_ring(*comm_, b.workspace, parts, elem, tags::kSecondPhase);
     }
-    if (!ring) return allreduce_direct(*comm_, b.workspace, n, elem, timed_reducer(reducer(plan, dtype)));
-    if (!fused) return allreduce_ring(*comm_, b.workspace, n, elem, timed_reducer(reducer(plan, dtype)));
-    const float* x = src->const_data_ptr<float>();
-    const FusedCast cast{reinterpret_cast<uint16_t*>(b.workspace), [x](size_t i) { return x + i; },
-                         float(plan.pre_scale), plan.wire};
-    allreduce_ring(*comm_, b.workspace, n, elem, timed_reducer(cast.reducer()), timed_producer(cast.producer()));
+    allreduce_direct(*comm_, b.workspace, n, elem, timed_reducer(reducer(plan, dtype)));
   };
   step.post = [=](const Buffers& b) {
     src->reset();
@@ -143,7 +140,7 @@ HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inpu
       const size_t wide = output.element_size();
       auto source = [x, each, wide](size_t i) { return x[i / each] + i % each * wide; };
       const RankSum sum = plan.fp32_sum ? fp32_rank_sum(plan, size) : rank_sum(plan, dtype, size);
-      const ChunkProduce produce = shm_producer(source, plan, dtype, contributions);
+      const ChunkProduce produce = chunk_producer(source, plan, dtype, contributions);
       return reduce_shm(*shm_, {parts, elem, timed_producer(produce), timed_reducer(sum), b.workspace + result_at,
                                 ChunkedReduction::kOwn, 0, plan.fp32_sum ? sizeof(float) : 0});
     }
@@ -237,7 +234,7 @@ c10::intrusive_ptr<c10d::Work> HostPath::reduce(std::vector<at::Tensor>& tensors
       const size_t elem = t.element_size();
       auto source = [x, elem](size_t i) { return x + i * elem; };
       return reduce_shm(*shm_, {Parts::even(t.numel(), size_), elem,
-                                timed_producer(shm_producer(source, plan, t.scalar_type())),
+                                timed_producer(chunk_producer(source, plan, t.scalar_type())),
                                 timed_reducer(rank_sum(plan, t.scalar_type(), size_)), b.workspace,
                                 ChunkedReduction::kRoot, root});
     }

@@ -84,7 +84,7 @@ Reducer reducer(const Plan& plan, at::ScalarType dtype) {
   };
 }
 
-ChunkProduce shm_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype,
+ChunkProduce chunk_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype,
                         const compress::Dither& dither) {
   if (!plan.compress) {
     const size_t elem = at::elementSize(dtype);
@@ -102,7 +102,7 @@ ChunkProduce shm_producer(std::function<const char*(size_t index)> source, const
   };
 }
 
-ChunkConsume shm_consumer(char* dst, const Plan& plan, at::ScalarType dtype) {
+ChunkConsume chunk_consumer(char* dst, const Plan& plan, at::ScalarType dtype) {
   const size_t elem = at::elementSize(dtype);
   if (!plan.compress) {
     return [dst, plan, dtype, elem](size_t offset, size_t count, const char* result) {

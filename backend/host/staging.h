@@ -35,16 +35,17 @@ void post_scale(char* data, int64_t numel, at::ScalarType dtype, const Plan& pla
 // The plan's reduction on buffers of `dtype`, or on the 16-bit wire when it compresses.
 Reducer reducer(const Plan& plan, at::ScalarType dtype);
 
-// A shared-memory reduction's contribution (ChunkedReduction::produce): element i comes from source(i)
+// A chunked reduction's contribution (ChunkedReduction::produce, through shared memory or the
+// chunked all-to-all): element i comes from source(i)
 // (contiguous within one call), cast with the pre-scale (stochastic plans: with `dither`), or
 // copied and scaled uncompressed.
-ChunkProduce shm_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype,
+ChunkProduce chunk_producer(std::function<const char*(size_t index)> source, const Plan& plan, at::ScalarType dtype,
                         const compress::Dither& dither = {});
-// A shared-memory allreduce's results written straight into `dst`, contiguous memory of `dtype`:
+// A chunked allreduce's results written straight into `dst`, contiguous memory of `dtype`:
 // restored from the 16-bit wire with the post-scale, or copied and post-scaled uncompressed.
-ChunkConsume shm_consumer(char* dst, const Plan& plan, at::ScalarType dtype);
-// The reduction of `size` contributions in rank order (shared memory, and the all-to-all
-// reduce-scatter): a compressed SUM adds in fp32 and rounds once (compress::sum); anything else
+ChunkConsume chunk_consumer(char* dst, const Plan& plan, at::ScalarType dtype);
+// The reduction of `size` contributions in rank order (shared memory, the chunked all-to-all, and the
+// all-to-all reduce-scatter): a compressed SUM adds in fp32 and rounds once (compress::sum); anything else
 // folds the plan's reducer over them. A stochastic plan rounds the sum with `dither`.
 RankSum rank_sum(const Plan& plan, at::ScalarType dtype, int size, const compress::Dither& dither = {});
 // A compressed SUM of `size` 16-bit contributions in fp32, in rank order, written unrounded as fp32

@@ -116,10 +116,10 @@ TEST(Policy, TrafficIsTwoBytesAnElementWhenCompressed) {
   EXPECT_EQ(exact_traffic(12).wire_bytes, 12);
 }
 
-TEST(Policy, DirectAllreduceUpToItsThresholdThenRing) {
+TEST(Policy, DirectAllreduceUpToItsThresholdThenTheChunkedAlltoall) {
   EXPECT_EQ(choose_allreduce(0, SharedMemory::kNone, false), AllreduceAlgorithm::kDirect);
   EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes, SharedMemory::kNone, false), AllreduceAlgorithm::kDirect);
-  EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes + 1, SharedMemory::kNone, false), AllreduceAlgorithm::kRing);
+  EXPECT_EQ(choose_allreduce(kDirectAllreduceMaxBytes + 1, SharedMemory::kNone, false), AllreduceAlgorithm::kChunked);
   EXPECT_EQ(choose_reduce_scatter(SharedMemory::kNone, false), AllreduceAlgorithm::kRing);
 }
 

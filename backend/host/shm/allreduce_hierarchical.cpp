@@ -12,7 +12,8 @@ void allreduce_hierarchical(ShmComm& shm, Comm& across, const ChunkedReduction& 
   scatter.out = mine;
   reduce_shm(shm, scatter);
   const size_t count = local.parts.length[shm.rank()];
-  if (choose_allreduce(int64_t(count * local.elem), SharedMemory::kNone, false) == AllreduceAlgorithm::kRing) {
+  // Between hosts the part is already in the wire type: the ring, unless the part is latency-bound.
+  if (count * local.elem > size_t(kDirectAllreduceMaxBytes)) {
     allreduce_ring(across, mine, count, local.elem, reduce);
   } else {
     allreduce_direct(across, mine, count, local.elem, reduce);
