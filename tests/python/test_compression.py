@@ -68,8 +68,8 @@ def allreduce_compressed_within_16bit_bound(ctx):
     over every rank's input were most of this case's time, done world times over."""
     P = ctx.world
     for name, wire in [("fp16", "fp16"), ("bf16", "bf16"), ("fp16-all", "fp16")]:
-        # Up to 32 MiB of fp32, the ring with many segments: on one group (the codec is the same at
-        # every size, and 4 MiB already takes the ring on every group).
+        # Up to 32 MiB of fp32, the chunked all-to-all with many chunks: on one group (the codec is the
+        # same at every size, and 4 MiB already takes it on every group).
         for n in [1, 1000, 16_385, 70_001, 1 << 20] + ([8 << 20] if name == "fp16" else []):
             if name != "fp16-all" and n * 4 < 65536:
                 continue
@@ -195,8 +195,9 @@ def stats_prove_16bit_wire(ctx):
         assert after["transport_bytes_sent"] == before["transport_bytes_sent"] == 0
         return
     sent = after["transport_bytes_sent"] - before["transport_bytes_sent"]
-    # What each rank originates, per byte of the tensor: a ring sends 2(n-1)/n; shared memory
-    # publishes its contributions to the others' parts and its own part's result, 1 in all.
+    # What each rank originates, per byte of the tensor: the chunked all-to-all sends 2(n-1)/n, as a
+    # ring would; shared memory publishes its contributions to the others' parts and its own part's
+    # result, 1 in all.
     per_byte = 1 if cnccl.config(g)["cpu_transport"] == "shm" else 2 * (ctx.world - 1) / ctx.world
     fp32_bytes = per_byte * 4 * n
     headers = 2 * 256  # the signature headers each collective sends its two ring neighbours
@@ -210,10 +211,10 @@ def stats_prove_16bit_wire(ctx):
 
 @case
 def noncontiguous_tensors_are_handled(ctx):
-    """Transposed views, compressed and not, small (direct) and large (ring): the result lands in
+    """Transposed views, compressed and not, small (direct) and large (chunked): the result lands in
     the caller's memory through the view, and equals what the same contiguous tensor gets."""
     for name in ["fp16-all", "none"]:
-        for rows, cols in [(64, 32), (1024, 512)]:  # 8 KiB: direct; 2 MiB: ring
+        for rows, cols in [(64, 32), (1024, 512)]:  # 8 KiB: direct; 2 MiB: chunked
             base = torch.randn(rows, cols, generator=ctx.gen)
             view = base.t()
             assert not view.is_contiguous()
