@@ -55,10 +55,14 @@ def _gloo_engine(store, rank, size, timeout):
     gloo_options = ProcessGroupGloo._Options()
     gloo_options._timeout = timeout
     # The devices gloo's own constructor picks (torch/csrc/distributed/c10d/init.cpp, ProcessGroupGloo's
-    # init from a timeout): one per interface in GLOO_SOCKET_IFNAME, else the host's default.
+    # init from a timeout): one per interface in GLOO_SOCKET_IFNAME, else the host's default. torch splits
+    # the list with std::getline, which drops an empty last piece ("eth0,").
     interfaces = os.environ.get("GLOO_SOCKET_IFNAME", "")
     if len(interfaces) > 1:
-        gloo_options._devices = [ProcessGroupGloo.create_device(interface=i) for i in interfaces.split(",")]
+        names = interfaces.split(",")
+        if names[-1] == "":
+            names.pop()
+        gloo_options._devices = [ProcessGroupGloo.create_device(interface=i) for i in names]
     else:
         gloo_options._devices = [ProcessGroupGloo.create_default_device()]
     gloo_options._threads = 1
