@@ -632,9 +632,7 @@ inline __m256 scale_lanes(uint8_t code) {
 
 template <MxDecodeOp kOp>
 inline void put(float* out, __m256 v, __m256 post) {
-  if constexpr (kOp == MxDecodeOp::kAdd) {
-    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), v));
-  } else if constexpr (kOp == MxDecodeOp::kScale) {
+  if constexpr (kOp == MxDecodeOp::kScale) {
     _mm256_storeu_ps(out, _mm256_mul_ps(v, post));
   } else {
     _mm256_storeu_ps(out, v);
@@ -699,7 +697,6 @@ void mx_decode(const uint8_t* scales, const uint8_t* elements, size_t count, Wir
                float post) {
   switch (op) {
     case MxDecodeOp::kStore: return mx_decode_blocks<MxDecodeOp::kStore>(scales, elements, count, wire, out, post);
-    case MxDecodeOp::kAdd: return mx_decode_blocks<MxDecodeOp::kAdd>(scales, elements, count, wire, out, post);
     case MxDecodeOp::kScale: return mx_decode_blocks<MxDecodeOp::kScale>(scales, elements, count, wire, out, post);
   }
 }

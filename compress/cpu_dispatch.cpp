@@ -9,20 +9,34 @@
 namespace cnccl::compress {
 namespace {
 
-bool processor_has_avx2_f16c() {
+bool processor_has(CpuPath path) {
 #if defined(__x86_64__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  const bool avx2_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  if (path == CpuPath::kAvx2F16c) return avx2_f16c;
+  return avx2_f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
 #else
+  (void)path;
   return false;
 #endif
 }
 
-const detail::CpuKernels& kernels_for(CpuPath path) {
-  return path == CpuPath::kAvx2F16c ? *detail::avx2_f16c_kernels() : detail::scalar_kernels();
+const detail::CpuKernels* compiled(CpuPath path) {
+  switch (path) {
+    case CpuPath::kAvx512: return detail::avx512_kernels();
+    case CpuPath::kAvx2F16c: return detail::avx2_f16c_kernels();
+    case CpuPath::kScalar: break;
+  }
+  return &detail::scalar_kernels();
 }
 
+const detail::CpuKernels& kernels_for(CpuPath path) { return *compiled(path); }
+
 CpuPath best_path() {
-  return cpu_path_supported(CpuPath::kAvx2F16c) ? CpuPath::kAvx2F16c : CpuPath::kScalar;
+  for (CpuPath path : {CpuPath::kAvx512, CpuPath::kAvx2F16c}) {
+    if (cpu_path_supported(path)) return path;
+  }
+  return CpuPath::kScalar;
 }
 
 std::atomic<CpuPath>& active_path() {
@@ -94,11 +108,18 @@ const char* wire_name(Wire wire) {
   return "?";
 }
 
-const char* cpu_path_name(CpuPath path) { return path == CpuPath::kAvx2F16c ? "avx2+f16c" : "scalar"; }
+const char* cpu_path_name(CpuPath path) {
+  switch (path) {
+    case CpuPath::kAvx512: return "avx512";
+    case CpuPath::kAvx2F16c: return "avx2+f16c";
+    case CpuPath::kScalar: break;
+  }
+  return "scalar";
+}
 
 bool cpu_path_supported(CpuPath path) {
   if (path == CpuPath::kScalar) return true;
-  return detail::avx2_f16c_kernels() != nullptr && processor_has_avx2_f16c();
+  return compiled(path) != nullptr && processor_has(path);
 }
 
 CpuPath cpu_path() { return active_path().load(std::memory_order_relaxed); }

@@ -15,8 +15,8 @@ struct MxBlockFormat {
   Wire element;       // the 8-bit format of the elements: kE4m3, kE5m2, or kMxfp4 for e2m1
 };
 MxBlockFormat mx_block_format(Wire wire);
-// What an MX decode does with each value v of its blocks: out = v, out += v, or out = v * post.
-enum class MxDecodeOp : uint8_t { kStore, kAdd, kScale };
+// What an MX decode does with each value v of its blocks: out = v, or out = v * post.
+enum class MxDecodeOp : uint8_t { kStore, kScale };
 
 // The casts count what they meet into a Census when given one (nullptr: they do not count).
 struct CpuKernels {
@@ -53,6 +53,7 @@ const CpuKernels& active_kernels();
 
 const CpuKernels& scalar_kernels();
 const CpuKernels* avx2_f16c_kernels();  // nullptr when not compiled for x86-64
+const CpuKernels* avx512_kernels();     // likewise; the AVX2 table with the 8-bit encodes replaced
 
 inline uint32_t bits_of(float f) {
   uint32_t u;

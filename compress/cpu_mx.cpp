@@ -113,19 +113,34 @@ float element_value(const uint8_t* elements, size_t j, float s, Wire wire) {
   return detail::fp8_values(detail::mx_block_format(wire).element)[elements[j]] * s;
 }
 
-// out[0..m) (op) the first m values of the block with scale code `code` and elements at `elements`.
+// out[0..m) = the first m values of the block with scale code `code` and elements at `elements`,
+// times `post` where op is kScale.
 void decode_block(uint8_t code, const uint8_t* elements, size_t m, Wire wire, float* out, MxDecodeOp op,
                   float post) {
   const float s = scale_of(code);
   for (size_t j = 0; j < m; ++j) {
     const float v = element_value(elements, j, s, wire);
-    out[j] = op == MxDecodeOp::kAdd ? out[j] + v : op == MxDecodeOp::kScale ? v * post : v;
+    out[j] = op == MxDecodeOp::kScale ? v * post : v;
   }
 }
 
 template <typename Byte>
 Byte* block_elements(Byte* elements, size_t b, Wire wire) {
   return elements + element_bytes(b * kMxBlock, wire);
+}
+
+// out[0..m) = the sum in rank order of the first m values of block b of k ranks' runs (rank r's scales
+// and elements at scales[r], elements[r]).
+void sum_block(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t b, size_t m, Wire wire,
+               float* out) {
+  for (size_t r = 0; r < k; ++r) {
+    const float s = scale_of(scales[r][b]);
+    const uint8_t* e = block_elements(elements[r], b, wire);
+    for (size_t j = 0; j < m; ++j) {
+      const float v = element_value(e, j, s, wire);
+      out[j] = r ? out[j] + v : v;
+    }
+  }
 }
 
 // Counts into this thread's census, and samples its stride (set only with a census).
@@ -199,12 +214,7 @@ void scalar_mx_decode(const uint8_t* scales, const uint8_t* elements, size_t cou
 
 void scalar_mx_sum(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t count, Wire wire,
                    float* out) {
-  for (size_t b = 0; b < count; ++b) {
-    for (size_t r = 0; r < k; ++r) {
-      decode_block(scales[r][b], block_elements(elements[r], b, wire), kMxBlock, wire, out + b * kMxBlock,
-                   r == 0 ? MxDecodeOp::kStore : MxDecodeOp::kAdd, 0.0f);
-    }
-  }
+  for (size_t b = 0; b < count; ++b) sum_block(scales, elements, k, b, kMxBlock, wire, out + b * kMxBlock);
 }
 
 }  // namespace detail
@@ -231,10 +241,8 @@ void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire)
   }
   const size_t whole = n / kMxBlock;
   detail::active_kernels().mx_sum(scales.data(), elements.data(), k, whole, wire, dst);
-  if (whole * kMxBlock == n) return;
-  for (size_t r = 0; r < k; ++r) {
-    decode_block(scales[r][whole], block_elements(elements[r], whole, wire), n - whole * kMxBlock, wire,
-                 dst + whole * kMxBlock, r == 0 ? MxDecodeOp::kStore : MxDecodeOp::kAdd, 0.0f);
+  if (whole * kMxBlock < n) {
+    sum_block(scales.data(), elements.data(), k, whole, n - whole * kMxBlock, wire, dst + whole * kMxBlock);
   }
 }
 
@@ -254,9 +262,8 @@ void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxSc
     }
     const size_t whole = m / kMxBlock;
     detail::active_kernels().mx_sum(scales.data(), elements.data(), k, whole, wire, sums);
-    for (size_t r = 0; whole * kMxBlock < m && r < k; ++r) {
-      decode_block(scales[r][whole], block_elements(elements[r], whole, wire), m - whole * kMxBlock, wire,
-                   sums + whole * kMxBlock, r == 0 ? MxDecodeOp::kStore : MxDecodeOp::kAdd, 0.0f);
+    if (whole * kMxBlock < m) {
+      sum_block(scales.data(), elements.data(), k, whole, m - whole * kMxBlock, wire, sums + whole * kMxBlock);
     }
     encode(sums, m, m, 1.0f, wire, rule, dst + b, dst + blocks(n) + element_bytes(first, wire), counts);
   }

@@ -321,15 +321,23 @@ TEST_P(Codec, CastAddEqualsCastThenAdd) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuPaths, Codec, ::testing::Values(CpuPath::kScalar, CpuPath::kAvx2F16c),
-                         [](const auto& info) { return std::string(info.param == CpuPath::kScalar ? "Scalar" : "Avx2F16c"); });
+INSTANTIATE_TEST_SUITE_P(CpuPaths, Codec, ::testing::ValuesIn(kCpuPaths), [](const auto& info) {
+  switch (info.param) {
+    case CpuPath::kAvx512: return std::string("Avx512");
+    case CpuPath::kAvx2F16c: return std::string("Avx2F16c");
+    case CpuPath::kScalar: break;
+  }
+  return std::string("Scalar");
+});
 
+// The widest path the processor has is the default; the others are refused by name.
 TEST(CodecDispatch, PicksFastestSupportedPathAndRejectsUnsupported) {
-  if (cpu_path_supported(CpuPath::kAvx2F16c)) {
-    EXPECT_EQ(cpu_path(), CpuPath::kAvx2F16c);
-  } else {
-    EXPECT_EQ(cpu_path(), CpuPath::kScalar);
-    EXPECT_THROW(set_cpu_path(CpuPath::kAvx2F16c), std::invalid_argument);
+  const CpuPath widest = cpu_path_supported(CpuPath::kAvx512)     ? CpuPath::kAvx512
+                         : cpu_path_supported(CpuPath::kAvx2F16c) ? CpuPath::kAvx2F16c
+                                                                  : CpuPath::kScalar;
+  EXPECT_EQ(cpu_path(), widest) << cpu_path_name(cpu_path());
+  for (CpuPath path : kCpuPaths) {
+    if (!cpu_path_supported(path)) EXPECT_THROW(set_cpu_path(path), std::invalid_argument) << cpu_path_name(path);
   }
 }
 

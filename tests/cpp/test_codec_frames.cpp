@@ -51,7 +51,7 @@ bool same_value(float a, float b) { return (std::isnan(a) && std::isnan(b)) || a
 
 std::vector<CpuPath> supported_paths() {
   std::vector<CpuPath> out;
-  for (CpuPath p : {CpuPath::kScalar, CpuPath::kAvx2F16c}) {
+  for (CpuPath p : kCpuPaths) {
     if (cpu_path_supported(p)) out.push_back(p);
   }
   return out;

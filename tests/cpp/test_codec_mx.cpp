@@ -19,7 +19,9 @@ namespace {
 
 std::vector<CpuPath> vector_paths() {
   std::vector<CpuPath> out;
-  if (cpu_path_supported(CpuPath::kAvx2F16c)) out.push_back(CpuPath::kAvx2F16c);
+  for (CpuPath path : kCpuPaths) {
+    if (path != CpuPath::kScalar && cpu_path_supported(path)) out.push_back(path);
+  }
   return out;
 }
 

@@ -101,12 +101,14 @@ dist.destroy_process_group()
 
 
 def test_build_info_reports_the_codec_this_processor_runs():
-    """The vector kernels where the processor has AVX2 and F16C, the scalar ones elsewhere (each is
-    tested bit for bit by test_codec, forced one by one)."""
+    """The widest kernels the processor has: AVX-512 (F, BW, VL) with AVX2 and F16C, AVX2 and F16C,
+    or the scalar ones (each is tested bit for bit by test_codec, forced one by one)."""
     with open("/proc/cpuinfo") as f:
         flags = set(next(line for line in f if line.startswith("flags")).split(":")[1].split())
-    expected = "avx2+f16c" if {"avx2", "f16c"} <= flags else "scalar"
-    assert cnccl.build_info()["cpu_codec"] == expected, (cnccl.build_info(), sorted(flags & {"avx2", "f16c"}))
+    avx2 = {"avx2", "f16c"}
+    avx512 = avx2 | {"avx512f", "avx512bw", "avx512vl"}
+    expected = "avx512" if avx512 <= flags else "avx2+f16c" if avx2 <= flags else "scalar"
+    assert cnccl.build_info()["cpu_codec"] == expected, (cnccl.build_info(), sorted(flags & avx512))
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,0 +1,399 @@
+// AVX-512 (F, BW, VL) kernels for the 8-bit wires' casts, where 16 lanes and mask registers halve the
+// AVX2 kernels' operations an element (docs/benchmarks.md, "Every wire's kernels"). Every other entry
+// of the table is the AVX2 + F16C kernel: those are bound by memory, not by their instructions. This
+// file alone is compiled with -mavx512f -mavx512bw -mavx512vl; cpu_dispatch.cpp calls it only after
+// checking the processor. Tails go to the AVX2 kernels, so any pointer and length is accepted.
+#include "compress/cpu_kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <vector>
+
+namespace cnccl::compress::detail {
+namespace {
+
+// Fp8Lanes (cpu_avx2.cpp) on 16 lanes, the same operations and the same choice between the normal and
+// subnormal roundings; the sign is merged with one ternary-logic operation and e5m2's NaN with a mask.
+class Fp8Lanes16 {
+ public:
+  explicit Fp8Lanes16(Wire w)
+      : Fp8Lanes16(w == Wire::kE4m3 ? 3 : w == Wire::kE5m2 ? 2 : 1, w == Wire::kE4m3 ? 7 : w == Wire::kE5m2 ? 15 : 1,
+                   w == Wire::kE4m3 ? 0x7F : 0x7C) {}
+  Fp8Lanes16(int mantissa_bits, int bias, int overflow)
+      : shift_(23 - mantissa_bits),
+        nan_is_overflow_(overflow == 0x7F),
+        smallest_normal_code_(_mm512_set1_epi32(1 << mantissa_bits)),
+        big_bits_(_mm512_set1_epi32((128 - bias - mantissa_bits + 23) << 23)),
+        half_minus_one_(_mm512_set1_epi32((1 << (shift_ - 1)) - 1)),
+        rebias_(_mm512_set1_epi32((127 - bias) << mantissa_bits)),
+        top_(_mm512_set1_epi32(overflow)) {}
+
+  // The codes of 16 fp32 values, one in the low byte of each 32-bit lane.
+  __m512i codes(__m512 v) const {
+    const __m512i x = _mm512_castps_si512(v);
+    const __m512i ax = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF));
+    __m512i code = _mm512_max_epi32(_mm512_min_epi32(normal(ax), top_), subnormal(ax));
+    if (!nan_is_overflow_) {
+      code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epi32_mask(ax, _mm512_set1_epi32(0x7F800000)),
+                                   _mm512_set1_epi32(0x7F));
+    }
+    return with_bit(code, x, 24, 0x80);
+  }
+
+  // codes() for finite values of at most the format's largest magnitude (an MX block's, scaled).
+  __m512i codes_in_range(__m512 v) const {
+    const __m512i x = _mm512_castps_si512(v);
+    const __m512i ax = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF));
+    return with_bit(_mm512_max_epi32(normal(ax), subnormal(ax)), x, 24, 0x80);
+  }
+
+  // code | ((x >> shift) & bit): x's sign moved to `bit`. 0xF8 is a | (b & c) as ternary logic.
+  static __m512i with_bit(__m512i code, __m512i x, int shift, int bit) {
+    return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(x, shift), _mm512_set1_epi32(bit), 0xF8);
+  }
+
+ private:
+  __m512i subnormal(__m512i ax) const {
+    const __m512i code = _mm512_sub_epi32(
+        _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(ax), _mm512_castsi512_ps(big_bits_))), big_bits_);
+    return _mm512_min_epi32(code, smallest_normal_code_);
+  }
+
+  __m512i normal(__m512i ax) const {
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(ax, shift_), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(ax, _mm512_add_epi32(half_minus_one_, odd));
+    return _mm512_sub_epi32(_mm512_srli_epi32(rounded, shift_), rebias_);
+  }
+
+  unsigned shift_;
+  bool nan_is_overflow_;
+  __m512i smallest_normal_code_, big_bits_, half_minus_one_, rebias_, top_;
+};
+
+// 64 codes, one in the low byte of each lane of c[0..4), as 64 bytes in order: the packs interleave
+// the four vectors' 128-bit lanes, one permute puts them back.
+inline __m512i bytes_of(const __m512i* c) {
+  const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3]));
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), b);
+}
+
+// The input prefetched as the AVX2 kernels' (cpu_avx2.cpp, kPrefetchBytes).
+constexpr size_t kPrefetchBytes = 2048;
+
+void cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w) {
+  const Fp8Lanes16 fp8(w);
+  const __m512 s = _mm512_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m512i c[4];
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      _mm_prefetch(reinterpret_cast<const char*>(src + i + 16 * k) + kPrefetchBytes, _MM_HINT_T0);
+      c[k] = fp8.codes(_mm512_mul_ps(_mm512_loadu_ps(src + i + 16 * k), s));
+    }
+    _mm512_storeu_si512(dst + i, bytes_of(c));
+  }
+  if (i < n) avx2_f16c_kernels()->cast8_f32(src + i, dst + i, n - i, scale, w);
+}
+
+// The largest magnitude's bits of each of 16 blocks (the lanes of m[b], block b's lane-wise maxima),
+// as lane b: the maxima of pairs, then of quads, of 128-bit lanes, of 256-bit halves, each step a
+// transpose that halves the vectors.
+inline __m512i lane_maxima(__m512i* m) {
+  for (int b = 0; b < 16; b += 2) {
+    m[b / 2] = _mm512_max_epu32(_mm512_unpacklo_epi32(m[b], m[b + 1]), _mm512_unpackhi_epi32(m[b], m[b + 1]));
+  }
+  // m[j] now holds blocks 2j, 2j+1 interleaved in 32-bit lane pairs of each 128-bit lane.
+  for (int j = 0; j < 8; j += 2) {
+    m[j / 2] = _mm512_max_epu32(_mm512_unpacklo_epi64(m[j], m[j + 1]), _mm512_unpackhi_epi64(m[j], m[j + 1]));
+  }
+  // m[q] lane 4l + t: block 4q + t's maximum over 128-bit lane l (partial).
+  for (int q = 0; q < 4; q += 2) {
+    const __m512i lo = _mm512_shuffle_i32x4(m[q], m[q + 1], 0x88);  // lanes 0, 2 of each
+    const __m512i hi = _mm512_shuffle_i32x4(m[q], m[q + 1], 0xDD);  // lanes 1, 3 of each
+    m[q / 2] = _mm512_max_epu32(lo, hi);
+  }
+  // m[h] 128-bit lane l: blocks 4(2h + l/2) .. +3 (partial over half of the lanes).
+  const __m512i lo = _mm512_shuffle_i32x4(m[0], m[1], 0x88);
+  const __m512i hi = _mm512_shuffle_i32x4(m[0], m[1], 0xDD);
+  return _mm512_max_epu32(lo, hi);
+}
+
+// One block's 32 values (v[0..2), scaled) times inverse = 2^-X as its elements at `out`: 32 bytes, 16
+// for e2m1 (element 2j in byte j's low nibble). As encode_elements in cpu_avx2.cpp: where
+// kCountSaturated, the values past the largest magnitude are counted and clamped.
+template <bool kE2m1, bool kCountSaturated>
+inline void encode_elements(const __m512* v, __m512 inverse, const Fp8Lanes16& fp8, __m512 largest,
+                            uint64_t& saturated, uint8_t* out) {
+  __m512i c[2];
+  #pragma GCC unroll 2
+  for (int k = 0; k < 2; ++k) {
+    __m512 q = _mm512_mul_ps(v[k], inverse);
+    if constexpr (kCountSaturated) {
+      saturated += __builtin_popcount(_mm512_cmp_ps_mask(_mm512_abs_ps(q), largest, _CMP_GT_OQ));
+      q = _mm512_min_ps(_mm512_max_ps(q, _mm512_sub_ps(_mm512_setzero_ps(), largest)), largest);
+    }
+    if constexpr (kE2m1) {
+      const __m512i x = _mm512_castps_si512(q);
+      const __m512i magnitude = fp8.codes_in_range(_mm512_abs_ps(q));
+      c[k] = Fp8Lanes16::with_bit(magnitude, x, 28, 0x8);
+    } else {
+      c[k] = fp8.codes_in_range(q);
+    }
+  }
+  if constexpr (kE2m1) {
+    // Odd elements' codes shifted beside the even ones' in each 64-bit lane, then one byte a lane.
+    const __m128i lo = _mm512_cvtepi64_epi8(_mm512_or_si512(c[0], _mm512_srli_epi64(c[0], 28)));
+    const __m128i hi = _mm512_cvtepi64_epi8(_mm512_or_si512(c[1], _mm512_srli_epi64(c[1], 28)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi64(lo, hi));
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(c[0]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(c[1]));
+  }
+}
+
+// Whole blocks, sixteen at a time (mx_encode_blocks in cpu_avx2.cpp, eight there): their maxima and
+// scales as the lanes of one vector, then each block's elements; the rest go to the AVX2 kernel.
+template <bool kE2m1, bool kFloor>
+size_t mx_encode_blocks(const float* src, size_t count, float scale, const MxBlockFormat& f, uint8_t* scales,
+                        uint8_t* elements, Census* census) {
+  constexpr size_t kBlockBytes = kE2m1 ? kMxBlock / 2 : kMxBlock;
+  const Fp8Lanes16 fp8(f.element);
+  const __m512 s = _mm512_set1_ps(scale), largest = _mm512_set1_ps(f.max);
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), finite_top = _mm512_set1_epi32(0x7F7FFFFF);
+  uint64_t saturated = 0, nonfinite = 0;
+  auto load = [&](size_t b, __m512* v) {
+    v[0] = _mm512_mul_ps(_mm512_loadu_ps(src + b * kMxBlock), s);
+    v[1] = _mm512_mul_ps(_mm512_loadu_ps(src + b * kMxBlock + 16), s);
+    return _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(v[0]), magnitude),
+                            _mm512_and_si512(_mm512_castps_si512(v[1]), magnitude));
+  };
+  size_t b = 0;
+  for (; b + 16 <= count; b += 16) {
+    __m512i m[16];
+    __m512 v[2];
+    // The input prefetched as the casts' is: 16 blocks are 32 cache lines.
+    for (int line = 0; line < 32; ++line) {
+      _mm_prefetch(reinterpret_cast<const char*>(src + b * kMxBlock + 16 * line) + kPrefetchBytes, _MM_HINT_T0);
+    }
+    #pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) m[j] = load(b + j, v);
+    const __m512i amax = lane_maxima(m);
+    __m512i x = _mm512_sub_epi32(_mm512_srli_epi32(amax, 23), _mm512_set1_epi32(127 + f.emax));
+    if constexpr (!kFloor) {
+      const __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(amax, _mm512_set1_epi32(0x7FFFFF)),
+                                                   _mm512_set1_epi32(int(f.fraction)));
+      x = _mm512_mask_add_epi32(x, up, x, _mm512_set1_epi32(1));
+    }
+    x = _mm512_min_epi32(_mm512_max_epi32(x, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+    alignas(64) float inverse[16];
+    _mm512_store_si512(inverse, _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(127), x), 23));
+    const __mmask16 bad = _mm512_cmpgt_epu32_mask(amax, finite_top);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(scales + b), _mm512_cvtepi32_epi8(_mm512_add_epi32(x, _mm512_set1_epi32(127))));
+    for (int j = 0; j < 16; ++j) {
+      load(b + j, v);  // again, from L1
+      uint8_t* out = elements + (b + j) * kBlockBytes;
+      if (bad >> j & 1) {
+        for (int k = 0; k < 2; ++k) {
+          nonfinite += __builtin_popcount(_mm512_cmpgt_epu32_mask(
+              _mm512_and_si512(_mm512_castps_si512(v[k]), magnitude), finite_top));
+        }
+        __builtin_memset(out, 0, kBlockBytes);
+        scales[b + j] = 0xFF;
+        continue;
+      }
+      encode_elements<kE2m1, kFloor>(v, _mm512_set1_ps(inverse[j]), fp8, largest, saturated, out);
+    }
+  }
+  if (census) {
+    census->nonfinite += nonfinite;
+    census->saturated += saturated;
+  }
+  return b;
+}
+
+void mx_encode_f32(const float* src, size_t count, float scale, const MxBlockFormat& f, MxScale rule, uint8_t* scales,
+                   uint8_t* elements, Census* census) {
+  const bool e2m1 = f.element == Wire::kMxfp4, floor = rule == MxScale::kFloor;
+  size_t done = 0;
+  if (e2m1 && floor) done = mx_encode_blocks<true, true>(src, count, scale, f, scales, elements, census);
+  if (e2m1 && !floor) done = mx_encode_blocks<true, false>(src, count, scale, f, scales, elements, census);
+  if (!e2m1 && floor) done = mx_encode_blocks<false, true>(src, count, scale, f, scales, elements, census);
+  if (!e2m1 && !floor) done = mx_encode_blocks<false, false>(src, count, scale, f, scales, elements, census);
+  if (done < count) {
+    avx2_f16c_kernels()->mx_encode_f32(src + done * kMxBlock, count - done, scale, f, rule, scales + done,
+                                       elements + done * (e2m1 ? kMxBlock / 2 : kMxBlock), census);
+  }
+}
+
+
+// Fp8Widen (cpu_avx2.cpp) on 32 codes: the same fp16 forms, widened 16 at a time. vcvtph2ps reads fp16
+// subnormals whatever the thread's DAZ setting, as F16C's form does (tested on every path).
+class Fp8Widen32 {
+ public:
+  explicit Fp8Widen32(Wire w) : e4m3_(w == Wire::kE4m3) {}
+
+  // The values of codes[0..32): lo holds the first 16, hi the next 16.
+  void values(__m256i codes, __m512& lo, __m512& hi) const {
+    const __m512i c = _mm512_cvtepu8_epi16(codes);
+    const __m512i magnitude = _mm512_slli_epi16(_mm512_and_si512(c, _mm512_set1_epi16(0x7F)), e4m3_ ? 7 : 8);
+    const __mmask32 nan = _mm512_cmpgt_epi16_mask(magnitude, _mm512_set1_epi16(e4m3_ ? 0x3F00 : 0x7C00));
+    // (the magnitude, or fp16's NaN) | (c << 8 & 0x8000): 0xF8 is a | (b & c) as ternary logic.
+    const __m512i h = _mm512_ternarylogic_epi32(_mm512_mask_mov_epi16(magnitude, nan, _mm512_set1_epi16(0x7E00)),
+                                                _mm512_slli_epi16(c, 8), _mm512_set1_epi16(int16_t(0x8000)), 0xF8);
+    lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    if (e4m3_) {
+      lo = _mm512_mul_ps(lo, _mm512_set1_ps(256.0f));
+      hi = _mm512_mul_ps(hi, _mm512_set1_ps(256.0f));
+    }
+  }
+
+ private:
+  bool e4m3_;
+};
+
+// The 32 values of a block as MxBlockValues (cpu_avx2.cpp) forms them, in v[0..2): e2m1's 16 codes
+// index kE2m1Values directly (sign included), where 8 lanes needed the sign apart.
+class MxBlockValues16 {
+ public:
+  explicit MxBlockValues16(Wire wire)
+      : e2m1_(wire == Wire::kMxfp4),
+        fp8_(wire == Wire::kMxfp8 ? Wire::kE4m3 : Wire::kE5m2),
+        table_(_mm512_loadu_ps(kE2m1Values)) {}
+
+  size_t block_bytes() const { return e2m1_ ? kMxBlock / 2 : kMxBlock; }
+
+  void operator()(uint8_t code, const uint8_t* elements, __m512* v) const {
+    // scale_of (cpu_mx.cpp): 0xFF is NaN, 0 the subnormal 2^-127.
+    const __m512 s = code == 0xFF ? _mm512_set1_ps(__builtin_nanf(""))
+                                  : _mm512_set1_ps(code ? __builtin_bit_cast(float, uint32_t(code) << 23) : 0x1p-127f);
+    if (e2m1_) {
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(elements));
+      const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
+      const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+      v[0] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high)), table_), s);
+      v[1] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(low, high)), table_), s);
+      return;
+    }
+    fp8_.values(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(elements)), v[0], v[1]);
+    v[0] = _mm512_mul_ps(v[0], s);
+    v[1] = _mm512_mul_ps(v[1], s);
+  }
+
+ private:
+  bool e2m1_;
+  Fp8Widen32 fp8_;
+  __m512 table_;
+};
+
+template <MxDecodeOp kOp>
+void mx_decode_blocks(const uint8_t* scales, const uint8_t* elements, size_t count, Wire wire, float* out, float post) {
+  const __m512 p = _mm512_set1_ps(post);
+  const MxBlockValues16 values(wire);
+  for (size_t b = 0; b < count; ++b) {
+    __m512 v[2];
+    values(scales[b], elements + b * values.block_bytes(), v);
+    #pragma GCC unroll 2
+    for (int k = 0; k < 2; ++k) {
+      float* o = out + b * kMxBlock + 16 * k;
+      if constexpr (kOp == MxDecodeOp::kScale) {
+        _mm512_storeu_ps(o, _mm512_mul_ps(v[k], p));
+      } else {
+        _mm512_storeu_ps(o, v[k]);
+      }
+    }
+  }
+}
+
+void mx_decode(const uint8_t* scales, const uint8_t* elements, size_t count, Wire wire, float* out, MxDecodeOp op,
+               float post) {
+  switch (op) {
+    case MxDecodeOp::kStore: return mx_decode_blocks<MxDecodeOp::kStore>(scales, elements, count, wire, out, post);
+    case MxDecodeOp::kScale: return mx_decode_blocks<MxDecodeOp::kScale>(scales, elements, count, wire, out, post);
+  }
+}
+
+// As mx_sum in cpu_avx2.cpp: every rank's block added in registers in rank order, the sum written once.
+void mx_sum(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t count, Wire wire,
+            float* out) {
+  if (k == 0) return;
+  const MxBlockValues16 values(wire);
+  for (size_t b = 0; b < count; ++b) {
+    __m512 sum[2], v[2];
+    values(scales[0][b], elements[0] + b * values.block_bytes(), sum);
+    for (size_t r = 1; r < k; ++r) {
+      values(scales[r][b], elements[r] + b * values.block_bytes(), v);
+      sum[0] = _mm512_add_ps(sum[0], v[0]);
+      sum[1] = _mm512_add_ps(sum[1], v[1]);
+    }
+    _mm512_storeu_ps(out + b * kMxBlock, sum[0]);
+    _mm512_storeu_ps(out + b * kMxBlock + 16, sum[1]);
+  }
+}
+
+// The frames' owner sum (scaled_sum in cpu_frames.cpp) as cpu_avx2.cpp's, 32 elements a step; the
+// rest to the AVX2 kernel.
+void scaled_sum_f32(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire w) {
+  if (k == 0) return;
+  size_t i = 0;
+  const Fp8Widen32 fp8(w);
+  for (; i + 32 <= n; i += 32) {
+    __m512 sum_lo, sum_hi;
+    for (size_t r = 0; r < k; ++r) {
+      __m512 lo, hi;
+      if (wire_bytes(w) == 1) {
+        fp8.values(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint8_t*>(in[r]) + i)), lo,
+                   hi);
+      } else {
+        const uint16_t* x = static_cast<const uint16_t*>(in[r]) + i;
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
+        if (w == Wire::kFp16) {
+          lo = _mm512_cvtph_ps(a);
+          hi = _mm512_cvtph_ps(b);
+        } else {
+          lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(a), 16));
+          hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+        }
+      }
+      const __m512 s = _mm512_set1_ps(scales[r]);
+      lo = _mm512_mul_ps(lo, s);
+      hi = _mm512_mul_ps(hi, s);
+      sum_lo = r ? _mm512_add_ps(sum_lo, lo) : lo;
+      sum_hi = r ? _mm512_add_ps(sum_hi, hi) : hi;
+    }
+    _mm512_storeu_ps(dst + i, sum_lo);
+    _mm512_storeu_ps(dst + i + 16, sum_hi);
+  }
+  if (i == n) return;
+  std::vector<const void*> rest(k);
+  for (size_t r = 0; r < k; ++r) rest[r] = static_cast<const uint8_t*>(in[r]) + i * wire_bytes(w);
+  avx2_f16c_kernels()->scaled_sum_f32(rest.data(), scales, k, dst + i, n - i, w);
+}
+
+}  // namespace
+
+const CpuKernels* avx512_kernels() {
+  static const CpuKernels kernels = [] {
+    CpuKernels k = *avx2_f16c_kernels();
+    k.cast8_f32 = cast8_f32;
+    k.mx_encode_f32 = mx_encode_f32;
+    k.mx_decode = mx_decode;
+    k.mx_sum = mx_sum;
+    k.scaled_sum_f32 = scaled_sum_f32;
+    return k;
+  }();
+  return &kernels;
+}
+
+}  // namespace cnccl::compress::detail
+
+#else
+
+namespace cnccl::compress::detail {
+const CpuKernels* avx512_kernels() { return nullptr; }
+}  // namespace cnccl::compress::detail
+
+#endif
