@@ -61,9 +61,10 @@ int32_t header_of(const uint8_t* frame, int64_t sender) {
   return k;
 }
 
+// The exponent of x[0..count) times scale, given the largest |x|.
 template <typename T>
-int32_t exponent_of_row(const T* x, int64_t count, float scale, compress::Wire wire) {
-  const T magnitude = compress::amax(x, size_t(count)) * T(std::fabs(scale));
+int32_t exponent_of_amax(T amax, const T* x, int64_t count, float scale, compress::Wire wire) {
+  const T magnitude = amax * T(std::fabs(scale));
   const int32_t k = exponent(static_cast<float>(magnitude), wire);
   // The 8-bit casts do not count: with the exponent every finite value is in range. A value that is
   // not shows in the amax, and the exponent is then 0: finite values may overflow too.
@@ -71,6 +72,11 @@ int32_t exponent_of_row(const T* x, int64_t count, float scale, compress::Wire w
     compress::count_casts(x, size_t(count), std::ldexp(scale, k), wire);
   }
   return k;
+}
+
+template <typename T>
+int32_t exponent_of_row(const T* x, int64_t count, float scale, compress::Wire wire) {
+  return exponent_of_amax(compress::amax(x, size_t(count)), x, count, scale, wire);
 }
 
 template <typename T>
@@ -459,6 +465,12 @@ int32_t row_exponent(const at::Tensor& row, double scale, compress::Wire wire) {
   return k;
 }
 
+int32_t sum_exponent(float amax, const at::Tensor& sums, compress::Wire wire) {
+  TORCH_CHECK(sums.is_cpu() && sums.is_contiguous() && sums.scalar_type() == at::kFloat && !compress::is_mx(wire),
+              "cnccl: sum_exponent takes the contiguous fp32 sums of a power-of-two frame");
+  return exponent_of_amax(amax, sums.const_data_ptr<float>(), sums.numel(), 1.0f, wire);
+}
+
 namespace {
 
 // The values a piece [from, from + len) of a frame of `count` values holds: [first, last).
@@ -493,15 +505,15 @@ void encode_piece(const at::Tensor& row, int32_t k, double scale, compress::Wire
   if (end > padding) std::memset(dst + (padding - from), 0, size_t(end - padding));
 }
 
-void sum_pieces(const uint8_t* const* pieces, int64_t ranks, int32_t* k, compress::Wire wire, int64_t count,
-                int64_t from, int64_t len, float* out) {
+float sum_pieces(const uint8_t* const* pieces, int64_t ranks, int32_t* k, compress::Wire wire, int64_t count,
+                 int64_t from, int64_t len, float* out) {
   const int64_t width = int64_t(compress::wire_bytes(wire));
   if (from == 0) {
     TORCH_INTERNAL_ASSERT(len >= kHeaderBytes, "a frame's first piece holds its whole header");
     for (int64_t r = 0; r < ranks; ++r) k[r] = header_of(pieces[r], r);
   }
   const PieceValues v(count, width, from, len);
-  if (v.last == v.first) return;
+  if (v.last == v.first) return 0.0f;
   const int64_t at = kHeaderBytes + v.first * width - from;
   std::vector<const void*> in(static_cast<size_t>(ranks));
   std::vector<float> scales(static_cast<size_t>(ranks));
@@ -510,6 +522,7 @@ void sum_pieces(const uint8_t* const* pieces, int64_t ranks, int32_t* k, compres
     scales[size_t(r)] = std::ldexp(1.0f, -k[r]);
   }
   compress::scaled_sum(in.data(), scales.data(), size_t(ranks), out + at / width, size_t(v.last - v.first), wire);
+  return compress::amax(out + at / width, size_t(v.last - v.first));
 }
 
 void restore_piece(const uint8_t* piece, int32_t* k, int64_t sender, compress::Wire wire, int64_t count, int64_t given,

@@ -64,6 +64,10 @@ int64_t payload_offset(compress::Wire wire);
 // The exponent k that encode() writes into the header of `row`'s frame (fp32 or fp64, contiguous),
 // counting the row's casts where encode() counts them.
 int32_t row_exponent(const at::Tensor& row, double scale, compress::Wire wire);
+// row_exponent(sums, 1, wire) of an owner's fp32 sums whose largest |value| (NaN if any is) is known:
+// the largest of what sum_pieces returned. The sums are read again only to count casts where the
+// amax is not finite.
+int32_t sum_exponent(float amax, const at::Tensor& sums, compress::Wire wire);
 // Bytes [from, from + len) of the frame encode() writes for `row` (its missing values up to `count`
 // +0) with exponent k, into dst.
 void encode_piece(const at::Tensor& row, int32_t k, double scale, compress::Wire wire, int64_t count, int64_t from,
@@ -71,9 +75,10 @@ void encode_piece(const at::Tensor& row, int32_t k, double scale, compress::Wire
 // The owner's sum of bytes [from, from + len) of each rank's frame of `count` values (pieces[r] from
 // rank r), in rank order as sum() adds: out[(b - from) / element bytes] for each value's byte b;
 // header and padding write nothing. The piece from 0 holds the headers: their exponents, checked as
-// sum() checks them, go to k[r], which every later piece of the frames reads.
-void sum_pieces(const uint8_t* const* pieces, int64_t ranks, int32_t* k, compress::Wire wire, int64_t count,
-                int64_t from, int64_t len, float* out);
+// sum() checks them, go to k[r], which every later piece of the frames reads. Returns the largest |sum|
+// it wrote (NaN if any is NaN; 0 if it wrote none), read while the piece is in cache.
+float sum_pieces(const uint8_t* const* pieces, int64_t ranks, int32_t* k, compress::Wire wire, int64_t count,
+                 int64_t from, int64_t len, float* out);
 // Restores bytes [from, from + len) of rank `sender`'s frame of `count` values as restore() does:
 // value i to dst[i] (fp32 or fp64 as `dtype` says), for i < given. The piece from 0 holds the header:
 // its exponent, checked as restore() checks it, goes to *k, which every later piece reads.

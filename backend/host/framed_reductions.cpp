@@ -15,6 +15,9 @@
 // decoded on its own, and allreduce's results go back chunk by chunk. The unit is a block (its scale
 // byte and elements: compress::mx_bytes(32)); a piece of k blocks travels as the MX run of the values
 // it covers, which for the part's last block may be short.
+#include <atomic>
+#include <cstring>
+
 #include "backend/frames.h"
 #include "backend/host/host_path.h"
 #include "backend/host/shm/shm_algorithms.h"
@@ -153,6 +156,9 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
   auto mine = std::make_shared<std::vector<int32_t>>(size);   // this rank's exponent of each part
   auto heard = std::make_shared<std::vector<int32_t>>(size);  // every rank's exponent of this owner's part
   auto told = std::make_shared<std::vector<int32_t>>(size);   // each owner's exponent of its sum
+  // The largest |sum| of this owner's part so far, as the bits of a non-negative float (a NaN's exceed
+  // infinity's): its frame's exponent is ready when the last piece is summed, with no pass over the sums.
+  auto largest = std::make_shared<std::atomic<uint32_t>>(0);
   Step step;
   step.on_shm = on_shm;
   // This owner's fp32 sums, a float for each unit of its frame; then the staging copy, unless direct.
@@ -173,9 +179,14 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
                            int64_t(len * width), reinterpret_cast<uint8_t*>(dst));
     };
     const RankSum sum = [=](const char* const* in, char* dst, size_t first, size_t len) {
-      frames::sum_pieces(reinterpret_cast<const uint8_t* const*>(in), size, heard->data(), plan.wire, count,
-                         int64_t((first - size_t(rank) * units) * width), int64_t(len * width),
-                         reinterpret_cast<float*>(dst));
+      const float a = frames::sum_pieces(reinterpret_cast<const uint8_t* const*>(in), size, heard->data(), plan.wire,
+                                         count, int64_t((first - size_t(rank) * units) * width), int64_t(len * width),
+                                         reinterpret_cast<float*>(dst));
+      uint32_t bits, seen = largest->load(std::memory_order_relaxed);
+      std::memcpy(&bits, &a, sizeof bits);
+      bits &= 0x7FFFFFFFu;
+      while (bits > seen && !largest->compare_exchange_weak(seen, bits, std::memory_order_relaxed)) {
+      }
     };
     char* sums = b.workspace;
     reduce({Parts::equal(units, size), width, timed_producer(produce), timed_reducer(sum), sums,
@@ -186,7 +197,10 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
     int32_t k = 0;
     timed_reduce([&] {
       const compress::CensusSamplesPaused not_a_contribution;
-      k = frames::row_exponent(total, 1.0, plan.wire);
+      const uint32_t bits = largest->load(std::memory_order_relaxed);  // a NaN's bits are a NaN
+      float amax;
+      std::memcpy(&amax, &bits, sizeof amax);
+      k = frames::sum_exponent(amax, total, plan.wire);
     });
     const ChunkProduce frame_sum = [=](size_t first, size_t len, char* dst) {
       const compress::CensusSamplesPaused not_a_contribution;
