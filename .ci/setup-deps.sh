@@ -25,7 +25,7 @@ py_pkgs=()
 # Test dependencies: module, then its PyPI name. The frameworks test_frameworks.py trains under, and
 # torchao, the MX oracle of test_mx.py.
 for m in pytest:pytest numpy:numpy matplotlib:matplotlib expecttest:expecttest pytorch_lightning:pytorch-lightning \
-    accelerate:accelerate torchao:torchao==0.18.0; do
+    accelerate:accelerate transformers:transformers==5.25.0 torchao:torchao==0.18.0; do
   "$PY" -c "import ${m%%:*}" 2>/dev/null || py_pkgs+=("${m#*:}")
 done
 if ((${#py_pkgs[@]})); then

@@ -1,8 +1,9 @@
 """The frameworks people train with, on cnccl (examples/frameworks), each beside the same training
 on gloo: 2 ranks on CPU, launched with torchrun.
 
-- PyTorch Lightning (`DDPStrategy(process_group_backend="cnccl")`) and Hugging Face Accelerate (the
-  group made first, then `Accelerator(cpu=True)`: see the example for why) run DDP; with a bf16 wire
+- PyTorch Lightning (`DDPStrategy(process_group_backend="cnccl")`), Hugging Face Accelerate (the
+  group made first, then `Accelerator(cpu=True)`: see the example for why) and Transformers' Trainer
+  (the group made first, then `TrainingArguments(use_cpu=True)`) run DDP; with a bf16 wire
   they must end with the parameters of gloo + `bf16_compress_hook` bit for bit. At two ranks the
   math is the same (test_parity's module docstring): the hook divides by 2 in bf16 (exact), cnccl in
   fp32 before the cast; each element is then one add, rounded once to bf16, in both. cnccl's
@@ -61,7 +62,8 @@ def assert_compressed(stats, what):
 
 
 @pytest.mark.parametrize("framework, script", [("pytorch_lightning", "lightning_ddp.py"),
-                                               ("accelerate", "accelerate_ddp.py")])
+                                               ("accelerate", "accelerate_ddp.py"),
+                                               ("transformers", "hf_trainer_ddp.py")])
 def test_ddp_under_the_framework_matches_gloo_with_the_bf16_hook_bit_for_bit(tmp_path, framework, script):
     require(framework)
     ours = train(tmp_path, script, env={"CNCCL_WIRE_DTYPE": "bf16", "CNCCL_MIN_BYTES": "0"})
