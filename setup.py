@@ -14,11 +14,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+import setuptools
 from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 REPO = Path(__file__).resolve().parent
+
+
+def require_bdist_wheel():
+    """pip builds every install through the bdist_wheel command: setuptools' own from 70.1, the `wheel`
+    package's before. A new virtual environment of Python 3.11 has setuptools 65.5 and no `wheel`, where
+    setuptools' own message is only "invalid command 'bdist_wheel'"."""
+    for module in ("setuptools.command.bdist_wheel", "wheel.bdist_wheel"):
+        try:
+            __import__(module)
+            return
+        except ImportError:
+            pass
+    sys.exit(f"cnccl: building needs setuptools 70.1 or later (this environment has {setuptools.__version__}) "
+             f"or the 'wheel' package. Run: {sys.executable} -m pip install -U 'setuptools>=70.1'")
+
+
+require_bdist_wheel()
 
 
 class BuildWithCMake(build_py):

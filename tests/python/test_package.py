@@ -177,3 +177,52 @@ def test_wheel_installs_into_a_fresh_environment_and_serves_python_and_cpp(tmp_p
     out = run([os.path.join(REPO, "tests", "cpp", "run_ranks.sh"), str(build / "cpp_allreduce"), "2",
                str(tmp_path / "store")], timeout=300)
     assert out.count(": allreduce ok") == 2, out
+
+
+def readme_install_commands():
+    """The pip and python lines of the README's install block, comments dropped, as a user pastes them."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        section = f.read().split("\n## Install\n", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.startswith(("pip ", "python "))]
+
+
+def fresh_venv(tmp_path):
+    """A new virtual environment that sees the system's torch, and the environment to run its commands in."""
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], timeout=120)
+    env = dict(os.environ, VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}:{os.environ['PATH']}",
+               PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.pop("PYTHONPATH", None)
+    return venv, env
+
+
+def test_the_readme_install_block_works_as_pasted_in_a_fresh_venv(tmp_path):
+    """A new venv of this Python brings its own old setuptools without `wheel`, where `pip install
+    --no-build-isolation .` alone failed with "invalid command 'bdist_wheel'": the README's block installs
+    what it needs. The build folder is the repository's, reused as setup.py reuses it."""
+    commands = readme_install_commands()
+    assert any(c.startswith("pip install --no-build-isolation .") for c in commands), commands
+    assert commands[-1] == "python -m cnccl", commands
+    venv, env = fresh_venv(tmp_path)
+    out = ""
+    for command in commands:
+        out = run(["bash", "-c", command], timeout=900, cwd=REPO, env=env)
+    assert out.rstrip().endswith("OK: the result is the exact sum"), out
+    where = run(["python", "-c", "import cnccl; print(cnccl.__file__)"], timeout=120, cwd="/", env=env)
+    assert where.startswith(str(venv)), f"the venv imports {where}, not its own install"
+
+
+def test_an_old_setuptools_without_wheel_is_told_the_one_command_that_fixes_it(tmp_path):
+    """The same venv without the README's first pip line: setup.py names the fix instead of setuptools'
+    "invalid command 'bdist_wheel'"."""
+    venv, env = fresh_venv(tmp_path)
+    has = subprocess.run(["python", "-c", "import setuptools.command.bdist_wheel"], env=env, capture_output=True)
+    if has.returncode == 0:
+        pytest.skip("this Python's venv brings a setuptools that builds wheels itself")
+    r = subprocess.run(["pip", "install", "--no-build-isolation", "."], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode != 0
+    assert "cnccl: building needs setuptools 70.1 or later" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(rf"Run: {re.escape(str(venv))}/bin/python3?(\.\d+)? -m pip install -U 'setuptools>=70\.1'",
+                     r.stdout + r.stderr), r.stderr[-3000:]
