@@ -40,6 +40,7 @@ WIRES = {
     "none": dict(wire_dtype="none"),
     "fp16": dict(wire_dtype="fp16"),
     "bf16": dict(wire_dtype="bf16"),
+    "fp16-acc32": dict(wire_dtype="fp16", accumulate="fp32"),
     "fp16-pow2": dict(wire_dtype="fp16", accumulate="fp32", scaling="pow2"),
     "e4m3": dict(wire_dtype="e4m3", accumulate="fp32", scaling="pow2"),
     "e5m2": dict(wire_dtype="e5m2", accumulate="fp32", scaling="pow2"),
@@ -128,7 +129,8 @@ def worker(sizes, trials, wires, out):
 
 
 def job(nodes, per_host, sizes, trials, wires, logdir):
-    """Runs one job of 2 x per_host ranks on the nodes as they are shaped now; returns rank 0's rows."""
+    """Runs one job of 2 x per_host ranks on the nodes as they are shaped now; returns rank 0's rows. Each
+    host's ranks are one torchrun's, in one IPC namespace: they share memory, as ranks of a machine do."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = 20000 + probe.getsockname()[1] % 20000
@@ -137,18 +139,19 @@ def job(nodes, per_host, sizes, trials, wires, logdir):
         os.remove(out)
     procs, logs = [], []
     for node in range(2):
-        for local in range(per_host):
-            rank = node * per_host + local
-            env = {k: v for k, v in os.environ.items() if k != "UCX_NET_DEVICES"}
-            env.update(RANK=str(rank), WORLD_SIZE=str(2 * per_host), LOCAL_RANK=str(local),
-                       LOCAL_WORLD_SIZE=str(per_host), MASTER_ADDR=nodes.addr[0], MASTER_PORT=str(port),
-                       GLOO_SOCKET_IFNAME=nodes.dev[node], UCX_TLS="tcp", OMP_NUM_THREADS="1",
-                       CNCCL_BENCH_LINK_DEV=nodes.dev[node])
-            logs.append(os.path.join(logdir, f"rank{rank}.log"))
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--sizes",
-                   ",".join(str(s) for s in sizes), "--trials", str(trials), "--wires", ",".join(wires), "--out", out]
-            with open(logs[-1], "w") as log:
-                procs.append(nodes.start(node, cmd, env, log))
+        env = {k: v for k, v in os.environ.items() if k != "UCX_NET_DEVICES"}
+        env.update(GLOO_SOCKET_IFNAME=nodes.dev[node], UCX_TLS="tcp", OMP_NUM_THREADS="1",
+                   CNCCL_BENCH_LINK_DEV=nodes.dev[node])
+        logs.append(os.path.join(logdir, f"host{node}.log"))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--nproc_per_node={per_host}",
+               "--rdzv_backend=c10d", f"--rdzv_id=cnccl-link-{port}", f"--rdzv_endpoint={nodes.addr[0]}:{port}",
+               f"--local_addr={nodes.addr[node]}",
+               # Both namespaces share the machine's host name: say which one hosts the store.
+               f"--rdzv_conf=is_host={int(node == 0)}",
+               os.path.abspath(__file__), "--worker", "--sizes", ",".join(str(s) for s in sizes),
+               "--trials", str(trials), "--wires", ",".join(wires), "--out", out]
+        with open(logs[-1], "w") as log:
+            procs.append(nodes.start(node, cmd, env, log))
     try:
         codes = [p.wait(timeout=JOB_TIMEOUT) for p in procs]
     except subprocess.TimeoutExpired:
