@@ -97,8 +97,10 @@ def worker(sizes, trials, wires, out):
         phases = {name: dict.fromkeys(PHASES, 0.0) for name in wires}
         for trial in range(trials + 1):  # the first round warms every variant up
             for name, group in groups.items():
-                dist.barrier(group=dist.group.WORLD)
+                # The counters are read before the barrier and after another: a peer starts sending as
+                # soon as it leaves the first barrier, and may still be sending when this rank returns.
                 before = link_bytes(dev)
+                dist.barrier(group=dist.group.WORLD)
                 stats = cnccl.stats(group) if name in phases else None
                 t0 = time.perf_counter()
                 for _ in range(reps):
@@ -109,6 +111,7 @@ def worker(sizes, trials, wires, out):
                     else:
                         dist.all_reduce(x, group=group)
                 elapsed = time.perf_counter() - t0
+                dist.barrier(group=dist.group.WORLD)
                 after = link_bytes(dev)
                 if trial > 0:
                     times[name].append(elapsed / reps)

@@ -19,7 +19,6 @@ import sys
 import pytest
 import torch
 
-from hosts import Nodes, unavailable
 
 pytestmark = pytest.mark.needs_host_path
 
@@ -48,18 +47,6 @@ def wait_all(procs, logs):
     if codes != [0] * len(procs):
         text = "\n".join(f"--- {path}\n" + open(path).read()[-4000:] for path in logs)
         pytest.fail(f"job failed (exit codes {codes}, timeout {TIMEOUT} s):\n{text}")
-
-
-@pytest.fixture(scope="module")
-def nodes():
-    why = unavailable()
-    if why:
-        if os.environ.get("CNCCL_REQUIRE_NETNS") == "1":
-            pytest.fail(f"CNCCL_REQUIRE_NETNS=1 but {why}")
-        pytest.skip(why)
-    n = Nodes()
-    yield n
-    n.close()
 
 
 def test_two_nodes_over_veth_train_like_one_node(nodes, tmp_path):

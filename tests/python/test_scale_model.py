@@ -17,8 +17,6 @@ import sys
 
 import pytest
 
-from hosts import Nodes, unavailable
-
 pytestmark = pytest.mark.needs_host_path
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
@@ -33,18 +31,6 @@ CASES = {"none": ("alltoall", "hierarchical"), "fp16": ("alltoall", "hierarchica
          "fp16-acc32": ("alltoall+ring", "alltoall+ring"), "e4m3": ("alltoall", "alltoall"),
          "mxfp8": ("alltoall", "alltoall"), "mxfp4": ("alltoall", "alltoall")}
 HEADERS, SLACK = 0.08, 32 << 10
-
-
-@pytest.fixture(scope="module")
-def nodes():
-    why = unavailable()
-    if why:
-        if os.environ.get("CNCCL_REQUIRE_NETNS") == "1":
-            pytest.fail(f"CNCCL_REQUIRE_NETNS=1 but {why}")
-        pytest.skip(why)
-    n = Nodes()
-    yield n
-    n.close()
 
 
 @pytest.mark.parametrize("per_host", [1, 2])
