@@ -119,7 +119,9 @@ const char* cpu_path_name(CpuPath path) {
 
 bool cpu_path_supported(CpuPath path) {
   if (path == CpuPath::kScalar) return true;
-  return compiled(path) != nullptr && processor_has(path);
+  // The processor first: a table's first use runs code compiled for its instruction set (the AVX-512
+  // one copies the AVX2 table).
+  return processor_has(path) && compiled(path) != nullptr;
 }
 
 CpuPath cpu_path() { return active_path().load(std::memory_order_relaxed); }
