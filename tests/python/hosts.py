@@ -1,6 +1,6 @@
 """Hosts simulated on one machine: network namespaces joined by a veth pair, each host's processes
-also in an IPC namespace of their own (two machines share no memory). Used by test_multinode.py and
-bench/link.py. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN); `unavailable()` says why not elsewhere.
+also in an IPC namespace of their own (two machines share no memory). Used by conftest.py's `nodes`
+fixture (test_multinode.py, test_scale_model.py) and bench/link.py. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN); `unavailable()` says why not elsewhere.
 Addresses are 10.213.x.{1,2} inside the namespaces made here, never on the machine's own network."""
 
 import os
