@@ -65,9 +65,17 @@ def label(nbytes):
     return f"{nbytes >> 20}M" if nbytes >= 1 << 20 else f"{nbytes >> 10}K"
 
 
+# A TCP/IPv4 frame's headers as the veth counts them: Ethernet 14, IP 20, TCP 20 and Linux's timestamp
+# option 12. A segmentation-offload packet carries them once, however many segments it becomes.
+FRAME_HEADER_BYTES = 66
+
+
 def link_bytes(dev):
+    """Bytes sent and received by the veth end, and what they carried: the bytes less each packet's headers."""
     stats = f"/sys/class/net/{dev}/statistics/"
-    return [int(open(stats + name).read()) for name in ("tx_bytes", "rx_bytes")]
+    read = {name: int(open(stats + name).read()) for name in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")}
+    return [read["tx_bytes"], read["rx_bytes"], read["tx_bytes"] - FRAME_HEADER_BYTES * read["tx_packets"],
+            read["rx_bytes"] - FRAME_HEADER_BYTES * read["rx_packets"]]
 
 
 PHASES = ("cast", "reduce", "transfer", "restore")
@@ -94,6 +102,7 @@ def worker(sizes, trials, wires, out):
         reps = max(1, (8 << 20) // nbytes)
         times = {name: [] for name in groups}
         crossed = {name: [0, 0] for name in groups}
+        carried = {name: [0, 0] for name in groups}
         phases = {name: dict.fromkeys(PHASES, 0.0) for name in wires}
         for trial in range(trials + 1):  # the first round warms every variant up
             for name, group in groups.items():
@@ -117,13 +126,14 @@ def worker(sizes, trials, wires, out):
                     times[name].append(elapsed / reps)
                     for i in range(2):
                         crossed[name][i] += (after[i] - before[i]) / (reps * trials)
+                        carried[name][i] += (after[2 + i] - before[2 + i]) / (reps * trials)
                     if stats is not None:
                         now = cnccl.stats(group)
                         for p in PHASES:
                             phases[name][p] += (now[p + "_ns"] - stats[p + "_ns"]) / 1e9 / (reps * trials)
                 x.normal_()
         rows.append({"bytes": nbytes, "seconds": {n: statistics.median(t) for n, t in times.items()},
-                     "link_bytes": crossed, "phases_s": phases})
+                     "link_bytes": crossed, "link_payload": carried, "phases_s": phases})
     if rank == 0:
         transport = cnccl.config(groups[wires[0]])["cpu_transport"]
         with open(out, "w") as f:

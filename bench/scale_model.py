@@ -8,16 +8,20 @@ Schedules (n elements, b bytes an element on the wire, H = N / L hosts):
   reduce_scatter across hosts): 2(N-1) steps of n/N elements; every add rounds to the wire.
 - alltoall: the fp32-sum all-to-all (reduce_chunked: every rank's part p to rank p, summed in fp32 in rank
   order and rounded once, the owners' results back to every rank), flat over all N ranks. The host path's
-  allreduce for MX blocks, power-of-two frames and accumulate=fp32 across hosts, and with one rank a host.
-- alltoall+ring: accumulate=fp32 without frames across hosts of several ranks: the all-to-all's first
-  phase, then a ring allgather of the owners' results.
+  allreduce across hosts for MX blocks and power-of-two frames, and with one rank a host above 256 KiB of
+  wire bytes (the chunked exchange).
+- alltoall+ring: accumulate=fp32 without frames across hosts: the all-to-all's first phase, then a ring
+  allgather of the owners' results (N-1 steps in sequence).
+- direct: with one rank a host, at most 256 KiB of wire bytes: every rank's whole tensor to every peer.
 - hierarchical: the host path's allreduce across hosts of several ranks (16-bit wire or none): a
-  reduce-scatter through shared memory (fp32 sums, rounded once), a ring of the H owners of each part in
-  the wire type (16-bit adds), an allgather through shared memory.
+  reduce-scatter through shared memory (fp32 sums, rounded once), the H owners of each part exchange it in
+  the wire type (16-bit adds) by a ring, or directly (each its whole part to every other) where a part is at
+  most 256 KiB of wire bytes, and an allgather through shared memory.
 - hierarchical-a2a: the same with the fp32-sum all-to-all among the H owners (a wire per level, none yet):
   the cross-host bytes of the hierarchical ring, H-1 messages a phase instead of N-1, three roundings.
 - tree: NCCL's double binary tree on the CUDA path's 16-bit copy, approximately: a chain inside each host,
-  a binary tree across hosts, 2 n b across each host's link, 2 log2(H) latency steps.
+  a binary tree across hosts, 2 n b across each host's link, 2 log2(H) latency steps; its roundings are an
+  upper bound (a node with two children adds twice).
 
 Usage: python3 bench/scale_model.py [--ranks 64,256,1024] [--per-host 8] [--size 64M] [--wire fp16]
                                     [--gbit 100] [--latency-us 5] [--overhead-us 2] [--memory-gbps 20]
@@ -31,16 +35,20 @@ import math
 WIRE_BYTES = {"none": 4.0, "fp16": 2.0, "bf16": 2.0, "e4m3": 1.0, "e5m2": 1.0, "mxfp8": 33 / 32,
               "mxfp8_e5m2": 33 / 32, "mxfp4": 17 / 32}
 SCHEDULES = ("ring", "alltoall", "alltoall+ring", "hierarchical", "hierarchical-a2a", "tree")
-# The host path's allreduce below this many wire bytes is the direct exchange (backend/policy.h,
-# kDirectAllreduceMaxBytes).
+# Up to this many wire bytes the host path exchanges directly (backend/policy.h, kDirectAllreduceMaxBytes):
+# a tensor with one rank a host, an owner's part between hosts in the hierarchical allreduce.
 DIRECT_MAX_BYTES = 256 * 1024
+# Tensors under this many bytes go uncompressed (Options.min_bytes' default).
+MIN_BYTES = 64 * 1024
 
 
-def cnccl_schedule(wire, accumulate, scaling, ranks, per_host, nbytes):
+def cnccl_schedule(wire, accumulate, scaling, ranks, per_host, nbytes, min_bytes=MIN_BYTES):
     """The schedule cnccl's host path runs for a fp32 allreduce of `nbytes` (backend/policy.cpp,
     choose_allreduce, with reductions.cpp's steps): None on one host (shared memory, nothing crosses)."""
     if ranks == per_host:
         return None
+    if nbytes < min_bytes:
+        wire, accumulate, scaling = "none", "fp16", "none"
     framed = wire.startswith("mx") or scaling == "pow2"
     fp32_sum = wire != "none" and accumulate == "fp32"
     if framed:
@@ -50,6 +58,12 @@ def cnccl_schedule(wire, accumulate, scaling, ranks, per_host, nbytes):
     if per_host > 1:
         return "hierarchical"
     return "alltoall" if nbytes * WIRE_BYTES[wire] / 4 > DIRECT_MAX_BYTES else "direct"
+
+
+def owners_exchange_directly(per_host, n, b):
+    """Whether the hierarchical allreduce's owners exchange their parts directly rather than by a ring
+    (allreduce_hierarchical.cpp: a part of at most kDirectAllreduceMaxBytes)."""
+    return n / per_host * b <= DIRECT_MAX_BYTES
 
 
 def cross_host_bytes(schedule, ranks, per_host, n, b):
@@ -64,6 +78,8 @@ def cross_host_bytes(schedule, ranks, per_host, n, b):
         return L * 2 * (N - L) / N * n * b  # each rank's parts to the remote owners, their results back
     if schedule == "alltoall+ring":
         return L * (N - L) / N * n * b + (N - 1) / N * n * b
+    if schedule == "hierarchical" and owners_exchange_directly(L, n, b):
+        return (H - 1) * n * b  # each of L owners: its n/L elements to H-1 peers
     if schedule in ("hierarchical", "hierarchical-a2a"):
         return 2 * (H - 1) / H * n * b  # each of L owners: 2(H-1)/H of its n/L elements
     if schedule == "tree":
@@ -86,14 +102,28 @@ def model(schedule, ranks, per_host, n, b, gbit, latency, overhead, memory_gbps)
         inside = 2 * (L - 1) / L * n * b
     elif schedule == "ring":
         inside = 2 * (N - 1) / N * n * b * (L - 1) / L
+    elif schedule == "alltoall+ring":
+        inside = (L - 1) / N * n * b + (L - 1) / L * (N - 1) / N * n * b  # the ring's edges inside a host
+    elif schedule == "direct":
+        inside = (L - 1) * n * b
     else:
         inside = 2 * (L - 1) / N * n * b
     if schedule == "ring":
         messages, roundings = 2 * (N - 1), N
         seconds = 2 * (N - 1) * (latency + overhead + n * b / N / link)
-    elif schedule in ("alltoall", "alltoall+ring"):
+    elif schedule == "alltoall":
         messages, roundings = 2 * (N - 1), 2
         seconds = 2 * (latency + (N - 1) * overhead) + across / link
+    elif schedule == "alltoall+ring":
+        messages, roundings = 2 * (N - 1), 2
+        first = L * (N - L) / N * n * b
+        seconds = latency + (N - 1) * overhead + first / link + (N - 1) * (latency + overhead + n * b / N / link)
+    elif schedule == "direct":
+        messages, roundings = N - 1, N
+        seconds = latency + (N - 1) * overhead + across / link
+    elif schedule == "hierarchical" and owners_exchange_directly(L, n, b):
+        messages, roundings = H - 1, H + 1
+        seconds = latency + (H - 1) * overhead + across / link
     elif schedule == "hierarchical":
         messages, roundings = 2 * (H - 1), H + 1
         seconds = 2 * (H - 1) * (latency + overhead + n * b / H / link)
@@ -102,7 +132,7 @@ def model(schedule, ranks, per_host, n, b, gbit, latency, overhead, memory_gbps)
         seconds = 2 * (latency + (H - 1) * overhead) + across / link
     elif schedule == "tree":
         steps = 2 * math.ceil(math.log2(H)) if H > 1 else 0
-        messages, roundings = steps, 1 + (L - 1) + math.ceil(math.log2(H)) if H > 1 else L
+        messages, roundings = steps, 1 + (L - 1) + 2 * math.ceil(math.log2(H)) if H > 1 else L
         seconds = steps * (latency + overhead) + across / link
     else:
         raise ValueError(schedule)

@@ -1,12 +1,13 @@
 """bench/scale_model.py's byte counts against the link: two hosts on this machine (network namespaces
 joined by a veth pair, each host's ranks one torchrun in an IPC namespace of its own, tests/python/hosts.py),
 1 and 2 ranks a host, an allreduce on each kind of schedule cnccl's host path chooses across hosts
-(the all-to-all, the all-to-all with a ring allgather, the hierarchical one). The bytes the veth carried per
-call, in its busier direction, must be what the model says each host's link carries for the schedule the
-model says cnccl runs: at least that (nothing crosses that the model leaves out), and at most 8% more plus
-32 KiB a call. The model counts payload; the veth counts frames: a full TCP segment of 1448 bytes travels
-with 66 bytes of Ethernet, IP and TCP headers (4.6%), and the ACKs of the other direction's data add about
-66 bytes every two segments (2.3%); the 32 KiB are UCX's headers and the collective's agreement messages.
+(the all-to-all, the all-to-all with a ring allgather, the hierarchical one). What the veth carried per call
+in its busier direction (its bytes less each packet's Ethernet, IP and TCP headers, bench/link.py's
+`link_payload`) must be what the model says each host's link carries for the schedule the model says cnccl
+runs: at least that (the payload the model counts must all cross), and at most 10% more plus 32 KiB a call
+(nothing crosses that the model leaves out). What the model leaves out: TCP's retransmissions, when the
+receiving veth's backlog overflows on these 2 cores (up to 6.3% of a call's payload seen in 36 calls), UCX's
+message headers, and the barriers and agreement messages around the calls.
 
 Runs bench/link.py's job (UCX over TCP, unshaped link, one trial). Needs root for `ip netns`; skips
 naming that elsewhere, and CI (CNCCL_REQUIRE_NETNS=1) turns the skip into a failure.
@@ -30,7 +31,7 @@ SIZE = 8 << 20
 CASES = {"none": ("alltoall", "hierarchical"), "fp16": ("alltoall", "hierarchical"),
          "fp16-acc32": ("alltoall+ring", "alltoall+ring"), "e4m3": ("alltoall", "alltoall"),
          "mxfp8": ("alltoall", "alltoall"), "mxfp4": ("alltoall", "alltoall")}
-HEADERS, SLACK = 0.08, 32 << 10
+EXTRA, SLACK = 0.10, 32 << 10
 
 
 @pytest.mark.parametrize("per_host", [1, 2])
@@ -44,9 +45,9 @@ def test_the_link_carries_the_bytes_the_scale_model_predicts(nodes, tmp_path, pe
                                               options.get("scaling", "none"), ranks, per_host, SIZE)
         assert schedule == schedules[per_host - 1], f"{wire} at 2 x {per_host}: the model says {schedule}"
         want = scale_model.cross_host_bytes(schedule, ranks, per_host, n, scale_model.WIRE_BYTES[options["wire_dtype"]])
-        got = max(row["link_bytes"][wire])
+        got = max(row["link_payload"][wire])
         print(f"{wire} at 2 x {per_host} ({schedule}): {got / want:.4f} of the model's {want / 2**20:.3f} MiB")
-        assert want <= got <= want * (1 + HEADERS) + SLACK, (
+        assert want <= got <= want * (1 + EXTRA) + SLACK, (
             f"{wire} at 2 x {per_host} ({schedule}): {got / 2**20:.3f} MiB crossed a call, the model says "
             f"{want / 2**20:.3f}")
-    assert max(row["link_bytes"]["gloo-fp32"]) > 0  # the counters count
+    assert max(row["link_payload"]["gloo-fp32"]) > 0  # the counters count
