@@ -138,7 +138,7 @@ def model(schedule, ranks, per_host, n, b, gbit, latency, overhead, memory_gbps)
         raise ValueError(schedule)
     seconds += inside / (memory_gbps * 1e9)
     bandwidth = across / link + inside / (memory_gbps * 1e9)
-    return {"inside": inside, "across_per_rank": across / L, "across_per_host": across, "messages": messages,
+    return {"inside": inside, "across_per_host": across, "messages": messages,
             "roundings": roundings, "seconds": seconds, "latency_share": max(0.0, 1 - bandwidth / seconds)}
 
 

@@ -325,17 +325,15 @@ float amax_f32(const float* src, size_t n) {
 // e4m3's overflow code is its NaN, so a NaN's normal rounding, capped there, is already right.
 class Fp8Lanes {
  public:
-  explicit Fp8Lanes(Wire w)
-      : Fp8Lanes(w == Wire::kE4m3 ? 3 : w == Wire::kE5m2 ? 2 : 1, w == Wire::kE4m3 ? 7 : w == Wire::kE5m2 ? 15 : 1,
-                 w == Wire::kE4m3 ? 0x7F : 0x7C) {}
-  Fp8Lanes(int mantissa_bits, int bias, int overflow)
-      : shift_(23 - mantissa_bits),
-        nan_is_overflow_(overflow == 0x7F),
-        smallest_normal_code_(_mm256_set1_epi32(1 << mantissa_bits)),
-        big_bits_(_mm256_set1_epi32((128 - bias - mantissa_bits + 23) << 23)),
-        half_minus_one_(_mm256_set1_epi32((1 << (shift_ - 1)) - 1)),
-        rebias_(_mm256_set1_epi32((127 - bias) << mantissa_bits)),
-        top_(_mm256_set1_epi32(overflow)) {}
+  explicit Fp8Lanes(Wire w) : Fp8Lanes(Fp8Rounding(w)) {}
+  explicit Fp8Lanes(const Fp8Rounding& r)
+      : shift_(r.shift),
+        nan_is_overflow_(r.nan_is_overflow),
+        smallest_normal_code_(_mm256_set1_epi32(r.smallest_normal_code)),
+        big_bits_(_mm256_set1_epi32(r.big_bits)),
+        half_minus_one_(_mm256_set1_epi32(r.half_minus_one)),
+        rebias_(_mm256_set1_epi32(r.rebias)),
+        top_(_mm256_set1_epi32(r.top)) {}
 
   // The codes of 8 fp32 values, one in the low byte of each 32-bit lane.
   __m256i codes(__m256 v) const {

@@ -17,17 +17,15 @@ namespace {
 // subnormal roundings; the sign is merged with one ternary-logic operation and e5m2's NaN with a mask.
 class Fp8Lanes16 {
  public:
-  explicit Fp8Lanes16(Wire w)
-      : Fp8Lanes16(w == Wire::kE4m3 ? 3 : w == Wire::kE5m2 ? 2 : 1, w == Wire::kE4m3 ? 7 : w == Wire::kE5m2 ? 15 : 1,
-                   w == Wire::kE4m3 ? 0x7F : 0x7C) {}
-  Fp8Lanes16(int mantissa_bits, int bias, int overflow)
-      : shift_(23 - mantissa_bits),
-        nan_is_overflow_(overflow == 0x7F),
-        smallest_normal_code_(_mm512_set1_epi32(1 << mantissa_bits)),
-        big_bits_(_mm512_set1_epi32((128 - bias - mantissa_bits + 23) << 23)),
-        half_minus_one_(_mm512_set1_epi32((1 << (shift_ - 1)) - 1)),
-        rebias_(_mm512_set1_epi32((127 - bias) << mantissa_bits)),
-        top_(_mm512_set1_epi32(overflow)) {}
+  explicit Fp8Lanes16(Wire w) : Fp8Lanes16(Fp8Rounding(w)) {}
+  explicit Fp8Lanes16(const Fp8Rounding& r)
+      : shift_(r.shift),
+        nan_is_overflow_(r.nan_is_overflow),
+        smallest_normal_code_(_mm512_set1_epi32(r.smallest_normal_code)),
+        big_bits_(_mm512_set1_epi32(r.big_bits)),
+        half_minus_one_(_mm512_set1_epi32(r.half_minus_one)),
+        rebias_(_mm512_set1_epi32(r.rebias)),
+        top_(_mm512_set1_epi32(r.top)) {}
 
   // The codes of 16 fp32 values, one in the low byte of each 32-bit lane.
   __m512i codes(__m512 v) const {

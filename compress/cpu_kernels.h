@@ -48,12 +48,35 @@ struct CpuKernels {
                  float* out);
 };
 
+// The integer constants of the vector kernels' round-to-nearest-even to an 8-bit format (Fp8Lanes in
+// cpu_avx2.cpp, Fp8Lanes16 in cpu_avx512.cpp): e4m3, e5m2, or e2m1 for kMxfp4 (mantissa 1 bit, bias 1).
+struct Fp8Rounding {
+  explicit Fp8Rounding(Wire w)
+      : Fp8Rounding(w == Wire::kE4m3 ? 3 : w == Wire::kE5m2 ? 2 : 1, w == Wire::kE4m3 ? 7 : w == Wire::kE5m2 ? 15 : 1,
+                    w == Wire::kE4m3 ? 0x7F : 0x7C) {}
+  Fp8Rounding(int mantissa_bits, int bias, int overflow)
+      : shift(23 - mantissa_bits),
+        nan_is_overflow(overflow == 0x7F),
+        smallest_normal_code(1 << mantissa_bits),
+        big_bits((128 - bias - mantissa_bits + 23) << 23),
+        half_minus_one((1 << (shift - 1)) - 1),
+        rebias((127 - bias) << mantissa_bits),
+        top(overflow) {}
+  int shift;             // the fp32 significand bits the format drops
+  bool nan_is_overflow;  // e4m3: its overflow code is its NaN
+  int smallest_normal_code;
+  int big_bits;          // a float whose ulp is the format's subnormal step
+  int half_minus_one;    // half the dropped bits' weight, less one
+  int rebias;            // fp32's exponent bias less the format's, at the format's exponent position
+  int top;               // the code of an overflow
+};
+
 // The kernels in use (cpu_dispatch.cpp, set_cpu_path).
 const CpuKernels& active_kernels();
 
 const CpuKernels& scalar_kernels();
 const CpuKernels* avx2_f16c_kernels();  // nullptr when not compiled for x86-64
-const CpuKernels* avx512_kernels();     // likewise; the AVX2 table with the 8-bit encodes replaced
+const CpuKernels* avx512_kernels();     // likewise; the AVX2 table with the 8-bit wires' kernels replaced
 
 inline uint32_t bits_of(float f) {
   uint32_t u;

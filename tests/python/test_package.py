@@ -154,13 +154,13 @@ def test_wheel_installs_into_a_fresh_environment_and_serves_python_and_cpp(tmp_p
     """`pip wheel .` as a user would make it, installed into a new virtual environment that shares
     only torch (its system site-packages): the self-check there runs the wheel's copy, and the C++
     example builds against the wheel's CMake package (cnccl.cmake_prefix_path) and runs on 2 ranks."""
-    dist_dir, venv = tmp_path / "dist", tmp_path / "venv"
+    dist_dir = tmp_path / "dist"
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "--disable-pip-version-check",
          "-w", str(dist_dir), REPO], timeout=900)
     wheels = list(dist_dir.glob("cnccl-*.whl"))
     assert len(wheels) == 1, wheels
     assert re.search(r"-cp3\d+-cp3\d+-linux_x86_64\.whl$", wheels[0].name), f"not a binary wheel: {wheels[0].name}"
-    run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], timeout=120)
+    venv, _ = fresh_venv(tmp_path)
     py = str(venv / "bin" / "python")
     run([py, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", str(wheels[0])], timeout=300)
     where = run([py, "-c", "import cnccl; print(cnccl.__file__); print(cnccl.cmake_prefix_path)"], timeout=120,
