@@ -102,6 +102,19 @@ bool parse_bool(const std::string& value, const char* source) {
   TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: 0, 1, true, false");
 }
 
+// A wire per level (docs/design.md, "A wire per level"): each level's owners decode and add in fp32.
+// Every compressed level travels in frames (power-of-two or MX), so `scaling` asks nothing more.
+void check_levels(const Config& c) {
+  if (!c.per_level()) return;
+  const std::string both = "wire_dtype=" + c.wire_name() + " inside a host and inter_host_wire=" + c.wire_across_name() +
+                           " across hosts (CNCCL_WIRE_DTYPE, CNCCL_INTER_HOST_WIRE / Options)";
+  TORCH_CHECK_VALUE(c.accumulate == Accumulate::kFp32, "cnccl: ", both, " need accumulate=fp32 (CNCCL_ACCUMULATE / ",
+                    "Options.accumulate): a level's owner decodes every contribution and adds in fp32 before the next ",
+                    "level's wire; got accumulate=", c.accumulate_name());
+  TORCH_CHECK_VALUE(c.rounding == Rounding::kNearest, "cnccl: ", both, " do not yet combine with rounding=sr ",
+                    "(CNCCL_ROUNDING / Options.rounding); use rounding=rne");
+}
+
 }  // namespace
 
 compress::MxScale parse_mx_scale(const std::string& value, const char* source) {
@@ -149,6 +162,7 @@ Config Options::resolve() const {
   }
   if (auto v = env("CNCCL_TELEMETRY")) c.telemetry = parse_telemetry(*v, "CNCCL_TELEMETRY");
   if (auto v = env("CNCCL_MX_SCALE")) c.mx_scale = parse_mx_scale(*v, "CNCCL_MX_SCALE");
+  if (auto v = env("CNCCL_INTER_HOST_WIRE")) c.inter_host_wire = parse_wire(*v, "CNCCL_INTER_HOST_WIRE");
   if (wire_dtype) c.wire = parse_wire(*wire_dtype, "Options.wire_dtype");
   if (min_bytes) {
     TORCH_CHECK_VALUE(*min_bytes >= 0, "cnccl: Options.min_bytes=", *min_bytes,
@@ -166,6 +180,8 @@ Config Options::resolve() const {
   if (untouched_on_failure) c.untouched_on_failure = *untouched_on_failure;
   if (telemetry) c.telemetry = parse_telemetry(*telemetry, "Options.telemetry");
   if (mx_scale) c.mx_scale = parse_mx_scale(*mx_scale, "Options.mx_scale");
+  if (inter_host_wire) c.inter_host_wire = parse_wire(*inter_host_wire, "Options.inter_host_wire");
+  check_levels(c);
   // MX first, naming everything it needs at once: the general rules below would each name one of them.
   const bool mx = c.wire && compress::is_mx(*c.wire);
   TORCH_CHECK_VALUE(!mx || (c.accumulate == Accumulate::kFp32 && c.scaling == Scaling::kNone &&
@@ -200,15 +216,19 @@ Config Options::resolve() const {
 std::string Config::bytes_settings() const {
   // Only what is in effect: with compression off no other setting changes a byte, and the seed
   // keys only stochastic rounding.
-  if (!wire) return "wire_dtype=none";
+  const std::string levels = per_level() ? ", inter_host_wire=" + wire_across_name() : "";
+  if (!wire && !per_level()) return "wire_dtype=none";
+  if (!wire) return "wire_dtype=none" + levels + ", min_bytes=" + std::to_string(min_bytes) + ", sum_scaling=" +
+                    (sum_scaling == SumScaling::kWorld ? "world" : "none") + ", compress_fp64=" +
+                    (compress_fp64 ? "1" : "0") + ", mx_scale=" + compress::mx_scale_name(mx_scale);
   std::string text = "wire_dtype=" + wire_name() + ", min_bytes=" + std::to_string(min_bytes) +
                      ", sum_scaling=" + (sum_scaling == SumScaling::kWorld ? "world" : "none") +
                      ", compress_fp64=" + (compress_fp64 ? "1" : "0") + ", accumulate=" + accumulate_name() +
                      ", rounding=" + rounding_name();
   if (rounding == Rounding::kStochastic) text += ", sr_seed=" + std::to_string(sr_seed);
   text += ", scaling=" + std::string(scaling_name());
-  if (compress::is_mx(*wire)) text += ", mx_scale=" + std::string(compress::mx_scale_name(mx_scale));
-  return text;
+  if (compress::is_mx(*wire) || per_level()) text += ", mx_scale=" + std::string(compress::mx_scale_name(mx_scale));
+  return text + levels;
 }
 
 void agree_on_settings(c10d::Store& store, const std::string& key, int rank, int size, const Config& config,

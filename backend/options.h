@@ -57,8 +57,15 @@ struct Config {
   // How an MX block's power of two is chosen (compress::MxScale): RCEIL, the smallest that saturates
   // nothing (NVIDIA's hardware and torchao's RCEIL), or OCP's FLOOR. Changes bytes only on MX wires.
   compress::MxScale mx_scale = compress::MxScale::kRceil;
+  // The wire between hosts where the host path runs hierarchically (docs/design.md, "A wire per
+  // level"); unset, the group's `wire`. nullopt inside a set value: fp32 across hosts.
+  std::optional<std::optional<compress::Wire>> inter_host_wire;
 
+  std::optional<compress::Wire> wire_across() const { return inter_host_wire ? *inter_host_wire : wire; }
+  // Whether the two levels send different formats: the host path's sums then run per level, in fp32 at each.
+  bool per_level() const { return wire_across() != wire; }
   std::string wire_name() const { return wire ? compress::wire_name(*wire) : "none"; }
+  std::string wire_across_name() const { return wire_across() ? compress::wire_name(*wire_across()) : "none"; }
   const char* cpu_engine_name() const { return cpu_engine == CpuEngine::kGloo ? "gloo" : "ucx"; }
   const char* shm_name() const { return shm == ShmMode::kOn ? "on" : shm == ShmMode::kOff ? "off" : "auto"; }
   const char* accumulate_name() const { return accumulate == Accumulate::kFp32 ? "fp32" : "wire"; }
@@ -95,6 +102,7 @@ struct Options : c10d::Backend::Options {
   std::optional<bool> untouched_on_failure;
   std::optional<std::string> telemetry;    // off | counts | error
   std::optional<std::string> mx_scale;     // rceil | floor
+  std::optional<std::string> inter_host_wire;  // as wire_dtype
 
   // Overrides Backend::Options::clone() where the torch version has it (keeps the subclass).
   virtual c10::intrusive_ptr<c10d::Backend::Options> clone() const;

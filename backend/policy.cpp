@@ -94,6 +94,17 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
   plan.sr_seed = config.sr_seed;
   plan.framed = plan.fp32_sum && (config.scaling == Scaling::kPow2 || compress::is_mx(plan.wire));
   plan.mx_scale = config.mx_scale;
+  if (config.per_level() && wide_float && sum_like && nbytes >= config.min_bytes) {
+    plan.per_level = plan.compress = plan.fp32_sum = plan.framed = true;
+    plan.stochastic = false;
+    plan.inside = config.wire;
+    plan.across = config.wire_across();
+    if (plan.across) plan.wire = *plan.across;
+    if (op == RedOp::SUM && config.sum_scaling == SumScaling::kWorld) {
+      plan.pre_scale = 1.0 / world_size;
+      plan.post_scale = world_size;
+    }
+  }
   return plan;
 }
 
@@ -101,11 +112,14 @@ Plan plan_exact_reduction(const Config& config, at::ScalarType dtype, int64_t nb
                           int world_size) {
   Config exact = config;
   exact.wire.reset();
+  exact.inter_host_wire.reset();
   return plan_reduction(exact, dtype, nbytes, op, factor, world_size);
 }
 
 Traffic traffic(const Plan& plan, int64_t numel, int64_t nbytes) {
   if (!plan.compress) return {nbytes, nbytes, false};
+  // Per level: what crosses hosts, where compression pays.
+  if (plan.per_level && !plan.across) return {nbytes, numel * int64_t(sizeof(float)), true};
   if (compress::is_mx(plan.wire)) return {nbytes, int64_t(compress::mx_bytes(size_t(numel), plan.wire)), true};
   return {nbytes, numel * int64_t(compress::wire_bytes(plan.wire)), true};
 }

@@ -34,6 +34,11 @@ struct Plan {
   bool framed = false;
   // An MX wire's block scale rule (Config::mx_scale).
   compress::MxScale mx_scale = compress::MxScale::kRceil;
+  // A wire per level (Config::per_level; docs/design.md, "A wire per level"): a sum the host path runs
+  // through each host's shared memory in `inside` and between hosts in `across` (nullopt: fp32 as it
+  // is), with fp32 sums at each level. `wire` is then `across` where it is set; fp32_sum and framed hold.
+  bool per_level = false;
+  std::optional<compress::Wire> inside, across;
 };
 
 // What a collective puts on the wire for one tensor, as cnccl.stats() counts it.

@@ -28,6 +28,9 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
   config_ = options_->resolve();
   const std::string name = options_->group_name.empty() ? "unnamed" : options_->group_name;
   if (config_.cpu_engine == CpuEngine::kGloo) {
+    TORCH_CHECK_VALUE(!config_.per_level(), "cnccl: inter_host_wire=", config_.wire_across_name(), " differs from ",
+                      "wire_dtype=", config_.wire_name(), ", but cpu_engine=gloo: gloo decides how its sums cross hosts, ",
+                      "so only cnccl's host path (cpu_engine=ucx) has a wire per level");
     TORCH_CHECK_VALUE(cpu_engine && cpu_engine->getBackendName() == "gloo", "cnccl: cpu_engine=gloo needs torch's "
                       "ProcessGroupGloo passed to the constructor (the Python registration does this)",
                       CNCCL_WITH_UCX ? "" : "; this build has no UCX (CNCCL_WITH_UCX=OFF), so gloo is its only CPU engine");
@@ -107,6 +110,11 @@ c10d::Backend& ProcessGroupCNCCL::path_for(const std::vector<at::Tensor>& ts, co
 }
 
 c10d::Backend& ProcessGroupCNCCL::reducing_path_for(const at::Tensor& t, const char* op) {
+  // NCCL chooses its own rings and trees across hosts: there is no level of cnccl's to give a wire.
+  TORCH_CHECK_VALUE(!(t.defined() && t.is_cuda() && config_.per_level()), "cnccl ", op, ": inter_host_wire=",
+                    config_.wire_across_name(), " (CNCCL_INTER_HOST_WIRE / Options.inter_host_wire) differs from ",
+                    "wire_dtype=", config_.wire_name(), ", which applies to CPU tensors' host path only: on CUDA tensors ",
+                    "NCCL decides the topology. Make CUDA tensors' reductions on a group without inter_host_wire");
   c10d::Backend& path = path_for(t, op);
   if (&path != cpu_.get()) agree_on_cuda_settings();
   return path;
@@ -169,6 +177,10 @@ void ProcessGroupCNCCL::eagerConnectSingleDevice(at::Device device) {
 }
 
 std::string ProcessGroupCNCCL::cpu_transport() const { return host_ ? host_->transport() : "gloo"; }
+
+std::string ProcessGroupCNCCL::wire_levels() const {
+  return host_ ? host_->wire_levels() : config_.wire_name() + " (gloo's links)";
+}
 
 std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
   return {{"collectives", stats_.collectives.load()},

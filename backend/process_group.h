@@ -48,6 +48,8 @@ class ProcessGroupCNCCL : public c10d::Backend {
   double quantization_error() const { return stats_.quantization_error.load(); }
   // What carries CPU tensors' collectives: "shm", "ucx (<why not shm>)" or "gloo".
   std::string cpu_transport() const;
+  // The wire of CPU tensors' sums at each level (HostPath::wire_levels).
+  std::string wire_levels() const;
   uint64_t getSequenceNumberForGroup() override { return cpu_->getSequenceNumberForGroup(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,

@@ -1,6 +1,6 @@
 """How far compressed gradient communication moves training from fp32, at 4 CPU ranks.
 
-Usage: python3 bench/accuracy.py [--ranks 4] [--steps 30] [--long-steps 500] [--json FILE]
+Usage: python3 bench/accuracy.py [--ranks 4] [--steps 30] [--long-steps 500] [--no-levels] [--json FILE]
 
 Every run trains its own copy of the same small transformer block (tests/python/models.py) on the
 same data for the same SGD steps, its gradients averaged by DDP, or reduce-scattered by FSDP2
@@ -18,11 +18,21 @@ magnitudes, of which e4m3 with one exponent a part flushes about one in six to z
 exponent a part and through MX blocks under each rule: the relative L2 error and the mean per-element
 relative error, with the goals for RCEIL's mxfp8 (L2 at most e4m3's, the per-element error at most 0.2x
 its) printed as met or not met.
+
+A wire per level (inter_host_wire) has levels only across hosts: its runs (LEVEL_RUNS, beside mxfp8 everywhere)
+are a job of 2 hosts x 2 ranks, each host a torchrun in an IPC namespace of its own on this machine's network
+(needs root for `unshare --ipc`; UCX over TCP), DDP and FSDP2 for --steps and --long-steps each. Goal: DDP's
+distance with fp16 inside and mxfp8 across within 2x mxfp8 everywhere's, printed as met or not met.
 """
 
 import argparse
+import json
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -57,6 +67,15 @@ LONG_RUNS = ["cnccl fp16", "cnccl e4m3, accumulate=fp32, pow2", "cnccl mxfp8, ac
 BLOCK_ERROR_RUNS = [("e4m3, one exponent a part", "e4m3", "rceil"), ("mxfp8, rceil", "mxfp8", "rceil"),
                     ("mxfp8, floor", "mxfp8", "floor"), ("mxfp4, rceil", "mxfp4", "rceil"),
                     ("mxfp4, floor", "mxfp4", "floor")]
+# A wire per level, (inside a host | across hosts), against mxfp8 everywhere, on 2 hosts x 2 ranks.
+MXFP8_EVERYWHERE = "cnccl mxfp8, accumulate=fp32"
+LEVEL_RUNS = {
+    MXFP8_EVERYWHERE: {"wire_dtype": "mxfp8", "accumulate": "fp32"},
+    "cnccl fp16|mxfp8": {"wire_dtype": "fp16", "inter_host_wire": "mxfp8", "accumulate": "fp32"},
+    "cnccl none|mxfp8": {"wire_dtype": "none", "inter_host_wire": "mxfp8", "accumulate": "fp32"},
+    "cnccl fp16|mxfp4": {"wire_dtype": "fp16", "inter_host_wire": "mxfp4", "accumulate": "fp32"},
+}
+LEVEL_GOAL = ("cnccl fp16|mxfp8", 2.0)  # DDP's distance at most this times mxfp8 everywhere's
 HOOKS = {"gloo + fp16_compress_hook": default_hooks.fp16_compress_hook,
          "gloo + bf16_compress_hook": default_hooks.bf16_compress_hook}
 
@@ -141,6 +160,58 @@ def worker(rank, world, port, steps, long_steps, out):
     dist.destroy_process_group()
 
 
+def levels_worker(steps, long_steps, out):
+    """One rank of the 2 x 2 job (torchrun): each LEVEL_RUNS group's distance from gloo fp32, DDP and FSDP2,
+    after `steps` and `long_steps`; rank 0 writes them to `out`."""
+    import cnccl
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    groups = {name: dist.new_group(backend="cnccl", pg_options=cnccl.Options(min_bytes=0, **fields))
+              for name, fields in LEVEL_RUNS.items()}
+    levels = {name: cnccl.config(g)["wire_levels"] for name, g in groups.items()}
+    results = {}
+    for kind, train in (("DDP", train_ddp), ("FSDP2", train_fsdp2)):
+        for n in (steps, long_steps):
+            reference = train(dist.group.WORLD, n, rank)
+            for name, g in groups.items():
+                results[f"{kind}|{n}|{name}"] = distance(train(g, n, rank), reference)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"distance": results, "levels": levels}, f)
+    dist.destroy_process_group()
+
+
+def run_levels(steps, long_steps):
+    """The 2 hosts x 2 ranks job (two IPC namespaces); None, with the reason printed, where it cannot run."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        print("wire per level: skipped (two simulated hosts need root and `unshare --ipc`)")
+        return None
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict({k: v for k, v in os.environ.items() if k != "UCX_NET_DEVICES"}, UCX_TLS="tcp", OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory(prefix="cnccl-accuracy-") as tmp:
+        out = os.path.join(tmp, "levels.json")
+        procs, logs = [], []
+        for host in range(2):
+            logs.append(os.path.join(tmp, f"host{host}.log"))
+            cmd = ["unshare", "--ipc", sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                   "--nproc_per_node=2", "--rdzv_backend=c10d", f"--rdzv_id=cnccl-accuracy-{port}",
+                   f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_conf=is_host={int(host == 0)}",
+                   os.path.abspath(__file__), "--levels-worker", out, "--steps", str(steps),
+                   "--long-steps", str(long_steps)]
+            with open(logs[-1], "w") as log:
+                procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+        codes = [p.wait() for p in procs]
+        if codes != [0, 0]:
+            raise SystemExit(f"the 2 x 2 job failed ({codes}):\n" +
+                             "\n".join(open(p).read()[-3000:] for p in logs))
+        with open(out) as f:
+            return json.load(f)
+
+
 def block_errors(n=1 << 20):
     """Relative L2 and mean per-element relative error of one encoding of heavy-tailed values, as the
     part's owner decodes it (cnccl's own frames: _C._encode_frames / _decode_frames)."""
@@ -163,8 +234,18 @@ def main():
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--long-steps", type=int, default=500, help="0: no long runs")
+    ap.add_argument("--no-levels", action="store_true", help="skip the 2 hosts x 2 ranks job (a wire per level)")
+    ap.add_argument("--levels-only", action="store_true", help="only that job")
     ap.add_argument("--json", default=os.path.join(RESULTS, "accuracy.json"))
+    ap.add_argument("--levels-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.levels_worker:
+        return levels_worker(args.steps, args.long_steps, args.levels_worker)
+    levels = None if args.no_levels else run_levels(args.steps, args.long_steps or args.steps)
+    if levels:
+        print_levels(levels, args.steps, args.long_steps or args.steps)
+    if args.levels_only:
+        return save_json({"steps": args.steps, "long_steps": args.long_steps, "levels": levels}, args.json)
     results, long = spawn(worker, args.ranks, args.steps, args.long_steps)
     print(f"relative L2 distance of the parameters from the fp32 gloo run after {args.steps} SGD steps, "
           f"{args.ranks} ranks")
@@ -193,8 +274,29 @@ def main():
     for what, got, goal in (("mxfp8 rceil L2 / e4m3's", rceil["l2"] / e4m3["l2"], 1.0),
                             ("mxfp8 rceil per-element / e4m3's", rceil["per_element"] / e4m3["per_element"], 0.2)):
         print(f"goal: {what} = {got:.3f} (<= {goal}): {'met' if got <= goal else 'not met'}")
+    if levels:
+        print_levels(levels, args.steps, args.long_steps or args.steps)
     save_json({"ranks": args.ranks, "steps": args.steps, "distance": results, "long_steps": args.long_steps,
-               "long": long, "block_errors": blocks}, args.json)
+               "long": long, "block_errors": blocks, "levels": levels}, args.json)
+
+
+def print_levels(levels, steps, long_steps):
+    wires = "; ".join(f"{n}: {w}" for n, w in levels["levels"].items())
+    print(f"\na wire per level, 2 hosts x 2 ranks: relative L2 distance from the fp32 gloo run ({wires})")
+    print(f"{'':8}{'run':38}" + "".join(f"{f'{n} steps':>14}{'vs mxfp8':>10}" for n in (steps, long_steps)))
+    d = levels["distance"]
+    for kind in ("DDP", "FSDP2"):
+        for name in LEVEL_RUNS:
+            cells = ""
+            for n in (steps, long_steps):
+                value, base = d[f"{kind}|{n}|{name}"], d[f"{kind}|{n}|{MXFP8_EVERYWHERE}"]
+                cells += f"{value:14.3e}{value / base:9.2f}x"
+            print(f"{kind:8}{name:38}{cells}")
+    name, limit = LEVEL_GOAL
+    for n in (steps, long_steps):
+        ratio = d[f"DDP|{n}|{name}"] / d[f"DDP|{n}|{MXFP8_EVERYWHERE}"]
+        print(f"goal: DDP {name} distance / mxfp8 everywhere's after {n} steps = {ratio:.2f} (<= {limit:g}): "
+              f"{'met' if ratio <= limit else 'not met'}")
 
 
 if __name__ == "__main__":

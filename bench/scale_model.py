@@ -17,8 +17,9 @@ Schedules (n elements, b bytes an element on the wire, H = N / L hosts):
   reduce-scatter through shared memory (fp32 sums, rounded once), the H owners of each part exchange it in
   the wire type (16-bit adds) by a ring, or directly (each its whole part to every other) where a part is at
   most 256 KiB of wire bytes, and an allgather through shared memory.
-- hierarchical-a2a: the same with the fp32-sum all-to-all among the H owners (a wire per level, none yet):
-  the cross-host bytes of the hierarchical ring, H-1 messages a phase instead of N-1, three roundings.
+- hierarchical-a2a: the same with the fp32-sum all-to-all among the H owners: a wire per level
+  (inter_host_wire, backend/host/level_reductions.cpp), the cross-host bytes of the hierarchical ring in the
+  wire across, H-1 messages a phase instead of N-1, three roundings.
 - tree: NCCL's double binary tree on the CUDA path's 16-bit copy, approximately: a chain inside each host,
   a binary tree across hosts, 2 n b across each host's link, 2 log2(H) latency steps; its roundings are an
   upper bound (a node with two children adds twice).
@@ -42,13 +43,15 @@ DIRECT_MAX_BYTES = 256 * 1024
 MIN_BYTES = 64 * 1024
 
 
-def cnccl_schedule(wire, accumulate, scaling, ranks, per_host, nbytes, min_bytes=MIN_BYTES):
+def cnccl_schedule(wire, accumulate, scaling, ranks, per_host, nbytes, min_bytes=MIN_BYTES, inter_host_wire=None):
     """The schedule cnccl's host path runs for a fp32 allreduce of `nbytes` (backend/policy.cpp,
     choose_allreduce, with reductions.cpp's steps): None on one host (shared memory, nothing crosses)."""
     if ranks == per_host:
         return None
     if nbytes < min_bytes:
-        wire, accumulate, scaling = "none", "fp16", "none"
+        wire, accumulate, scaling, inter_host_wire = "none", "fp16", "none", None
+    if inter_host_wire not in (None, wire) and per_host > 1:
+        return "hierarchical-a2a"
     framed = wire.startswith("mx") or scaling == "pow2"
     fp32_sum = wire != "none" and accumulate == "fp32"
     if framed:

@@ -68,7 +68,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
                        std::optional<std::string> accumulate, std::optional<std::string> rounding,
                        std::optional<int64_t> sr_seed, std::optional<std::string> scaling,
                        std::optional<bool> untouched_on_failure, std::optional<std::string> telemetry,
-                       std::optional<std::string> mx_scale, std::chrono::milliseconds timeout) {
+                       std::optional<std::string> mx_scale, std::optional<std::string> inter_host_wire,
+                       std::chrono::milliseconds timeout) {
              auto o = c10::make_intrusive<cnccl::Options>(timeout);
              o->wire_dtype = std::move(wire_dtype);
              o->min_bytes = min_bytes;
@@ -83,6 +84,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
              o->untouched_on_failure = untouched_on_failure;
              o->telemetry = std::move(telemetry);
              o->mx_scale = std::move(mx_scale);
+             o->inter_host_wire = std::move(inter_host_wire);
              o->resolve();  // bad values fail here, where the user wrote them
              return o;
            }),
@@ -91,7 +93,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
            py::arg("cpu_engine") = py::none(), py::arg("shm") = py::none(), py::arg("accumulate") = py::none(),
            py::arg("rounding") = py::none(), py::arg("sr_seed") = py::none(), py::arg("scaling") = py::none(),
            py::arg("untouched_on_failure") = py::none(), py::arg("telemetry") = py::none(),
-           py::arg("mx_scale") = py::none(), py::arg("timeout") = kBackendDefaultTimeout)
+           py::arg("mx_scale") = py::none(), py::arg("inter_host_wire") = py::none(),
+           py::arg("timeout") = kBackendDefaultTimeout)
       .def_readwrite("wire_dtype", &cnccl::Options::wire_dtype)
       .def_readwrite("min_bytes", &cnccl::Options::min_bytes)
       .def_readwrite("sum_scaling", &cnccl::Options::sum_scaling)
@@ -105,6 +108,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
       .def_readwrite("untouched_on_failure", &cnccl::Options::untouched_on_failure)
       .def_readwrite("telemetry", &cnccl::Options::telemetry)
       .def_readwrite("mx_scale", &cnccl::Options::mx_scale)
+      .def_readwrite("inter_host_wire", &cnccl::Options::inter_host_wire)
       .def("_resolved_cpu_engine", [](const cnccl::Options& o) { return o.resolve().cpu_engine_name(); },
            "The CPU engine these options select once CNCCL_CPU_ENGINE is applied: 'ucx' or 'gloo'.")
       .def("__repr__", [](const cnccl::Options& o) {
@@ -115,7 +119,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
                ", accumulate=" + show(o.accumulate) + ", rounding=" + show(o.rounding) +
                ", sr_seed=" + show(o.sr_seed) + ", scaling=" + show(o.scaling) +
                ", untouched_on_failure=" + show(o.untouched_on_failure) + ", telemetry=" + show(o.telemetry) +
-               ", mx_scale=" + show(o.mx_scale) + ")";
+               ", mx_scale=" + show(o.mx_scale) + ", inter_host_wire=" + show(o.inter_host_wire) + ")";
       });
 
   py::class_<cnccl::ProcessGroupCNCCL, c10d::Backend, IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>>(
@@ -150,6 +154,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
         d["untouched_on_failure"] = c.untouched_on_failure;
         d["telemetry"] = c.telemetry_name();
         d["mx_scale"] = cnccl::compress::mx_scale_name(c.mx_scale);
+        d["inter_host_wire"] = c.wire_across_name();
+        d["wire_levels"] = pg.wire_levels();
         d["cpu_transport"] = pg.cpu_transport();
         d["timeout"] = pg.timeout();
         return d;

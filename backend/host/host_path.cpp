@@ -99,6 +99,16 @@ HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int s
   } else {
     no_shm_because_ = "a single rank";
   }
+  if (config_.per_level() && shared_memory() != SharedMemory::kPerHost) {
+    // One host has no link for the inter-host wire: wire_dtype is its only level. Hosts whose ranks
+    // do not share memory (one rank each, uneven, CNCCL_SHM=off) have no level inside a host to keep apart.
+    TORCH_CHECK_VALUE(host_peers_.size() + 1 == size_t(size), "cnccl: inter_host_wire=", config_.wire_across_name(),
+                      " differs from wire_dtype=", config_.wire_name(), ", but the ranks of group '", group_name,
+                      "' do not share memory within each host (", no_shm_because_, "): it has no level inside a ",
+                      "host; set wire_dtype=", config_.wire_across_name(), " for every link, or unset ",
+                      "CNCCL_INTER_HOST_WIRE (Options.inter_host_wire)");
+    config_.inter_host_wire.reset();
+  }
   executor_ = std::make_shared<Executor>(*comm_);
   executor_id_ = executor_.get();
 }
@@ -107,6 +117,12 @@ HostPath::~HostPath() { shutdown(); }
 
 uint64_t HostPath::transport_bytes_sent() const {
   return comm_->bytes_sent() + (cross_ ? cross_->bytes_sent() : 0) + (shm_ ? shm_->bytes_published() : 0);
+}
+
+std::string HostPath::wire_levels() const {
+  if (!config_.per_level()) return config_.wire_name() + " on every link";
+  return config_.wire_name() + " inside each host, " + config_.wire_across_name() + " across " +
+         std::to_string(cross_->size()) + " hosts";
 }
 
 SharedMemory HostPath::shared_memory() const {
@@ -184,6 +200,8 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
     } catch (const std::exception& e) {
       const std::string what = errors::message_of(e);
       if (broken_.empty()) broken_ = what;
+      // Only a call that began (a broken group's fails before it, on the last collective's number).
+      if (shm_ && posts) shm_->publish_failure(what);
       // The steps hold every tensor the call's messages read or write.
       if (posts) comm_->keep_until_quiesced(std::make_shared<std::vector<Step>>(steps));
       const char* left = call.on_failure;
@@ -227,6 +245,8 @@ Producer HostPath::timed_producer(Producer produce) { return timed(std::move(pro
 RankSum HostPath::timed_reducer(RankSum sum) { return timed(std::move(sum), stats_.reduce_ns); }
 
 void HostPath::timed_reduce(std::function<void()> work) { timed(std::move(work), stats_.reduce_ns)(); }
+
+void HostPath::timed_restore(std::function<void()> work) { timed(std::move(work), stats_.restore_ns)(); }
 
 ChunkProduce HostPath::timed_producer(ChunkProduce produce) { return timed(std::move(produce), stats_.cast_ns); }
 

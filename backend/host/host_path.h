@@ -42,6 +42,9 @@ class HostPath final : public c10d::Backend {
   // "shm within each host, ucx across N hosts" when its allreduces are hierarchical; else
   // "ucx (<why not shm>)".
   std::string transport() const;
+  // The wire of compressed sums at each level: "<wire> inside each host, <wire> across N hosts" for a
+  // wire per level, else "<wire> on every link".
+  std::string wire_levels() const;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -121,6 +124,8 @@ class HostPath final : public c10d::Backend {
   // Reduce-phase work outside a RankSum (an owner's encode of its whole sum), run timed into reduce_ns.
   void timed_reduce(std::function<void()> work);
   ChunkProduce timed_producer(ChunkProduce produce);
+  // Restore-phase work inside an algorithm, run timed into restore_ns.
+  void timed_restore(std::function<void()> work);
   // A shared-memory reduction's consumer, timed into restore_ns.
   ChunkConsume timed_consumer(ChunkConsume consume);
   // The steps of the reductions, shared by their list, tensor and coalesced forms.
@@ -134,6 +139,17 @@ class HostPath final : public c10d::Backend {
   Step mx_allreduce_step(const at::Tensor& tensor, const Plan& plan, bool on_shm);
   Step mx_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan,
                               bool on_shm);
+  // Their forms with a wire per level (plan.per_level; level_reductions.cpp), on a group across hosts
+  // that share memory inside each. per_level_step runs both: `make_rows` (in pre) gives the L local
+  // parts' contributions (each at most `count` elements, fp32 or fp64), and `deliver` gets the level-2
+  // results (with `gather`, every host's frames of this rank's local part; else its sub-part's fp32 sums)
+  // and the workspace's first `staging_bytes`, which the step reserves for it. An allreduce whose level 2
+  // is MX blocks hands its results to `restore_run` chunk by chunk instead, and `deliver` gets null.
+  Step per_level_step(std::function<std::vector<at::Tensor>()> make_rows, int64_t count, const Plan& plan, bool gather,
+                      size_t staging_bytes, std::function<void(const float*, char*)> deliver,
+                      ChunkConsume restore_run);
+  Step per_level_allreduce_step(const at::Tensor& tensor, const Plan& plan);
+  Step per_level_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
   // Runs a chunked reduction through shared memory or over the transport.
   void reduce(const ChunkedReduction& reduction, bool on_shm);
   // The stochastic roundings of a step's contributions and of its owners' sums, keyed by how many
@@ -147,7 +163,8 @@ class HostPath final : public c10d::Backend {
   // Shared memory among every rank of the group: all its collectives but point-to-point use it.
   bool all_on_shm() const { return shared_memory() == SharedMemory::kOneHost; }
 
-  const Config config_;
+  // The group's settings; a wire per level collapses to wire_dtype where the group has one level.
+  Config config_;
   const std::chrono::milliseconds timeout_;
   Stats& stats_;
   std::atomic<uint64_t> seq_{0};

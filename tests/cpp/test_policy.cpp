@@ -197,6 +197,43 @@ TEST(Policy, Fp32SumsOnlyForCompressedSums) {
   EXPECT_FALSE(plan_reduction(Config{}, at::kFloat, 1 << 20, RedOp::SUM, 1.0, 4).fp32_sum);
 }
 
+TEST(Policy, AWirePerLevelPlansCompressedSumsAtBothLevels) {
+  Config c;
+  c.accumulate = Accumulate::kFp32;
+  c.inter_host_wire = compress::Wire::kMxfp8;
+  const Plan sum = plan(at::kFloat, RedOp::SUM, c);
+  EXPECT_TRUE(sum.per_level && sum.compress && sum.fp32_sum && sum.framed);
+  EXPECT_EQ(sum.inside, compress::Wire::kFp16);
+  EXPECT_EQ(sum.across, compress::Wire::kMxfp8);
+  EXPECT_EQ(sum.wire, compress::Wire::kMxfp8);
+  EXPECT_EQ(plan(at::kFloat, RedOp::AVG, c).pre_scale, 1.0 / kWorld);
+  // What crosses hosts is what traffic() counts: an MX block's 33 bytes a 32 elements.
+  EXPECT_EQ(traffic(sum, 1024, 4096).wire_bytes, 1056);
+  // MIN and MAX, small tensors and 16-bit tensors keep wire_dtype's rules.
+  EXPECT_FALSE(plan(at::kFloat, RedOp::MAX, c).per_level);
+  EXPECT_FALSE(plan(at::kFloat, RedOp::SUM, c, 1024).per_level);
+  EXPECT_FALSE(plan(at::kHalf, RedOp::SUM, c).per_level);
+  // fp32 inside (wire_dtype=none), 8-bit across; and fp32 across, which still counts 4 bytes an element.
+  c.wire = std::nullopt;
+  const Plan exact_inside = plan(at::kFloat, RedOp::SUM, c);
+  EXPECT_TRUE(exact_inside.per_level && exact_inside.compress);
+  EXPECT_EQ(exact_inside.inside, std::nullopt);
+  c.wire = compress::Wire::kFp16;
+  c.inter_host_wire = std::optional<compress::Wire>();
+  const Plan exact_across = plan(at::kFloat, RedOp::SUM, c);
+  EXPECT_TRUE(exact_across.per_level);
+  EXPECT_EQ(exact_across.across, std::nullopt);
+  EXPECT_EQ(traffic(exact_across, 1024, 4096).wire_bytes, 4096);
+  // reduce() is exact at every level.
+  c.inter_host_wire = compress::Wire::kMxfp8;
+  const Plan reduce = plan_exact_reduction(c, at::kFloat, kBig, RedOp::SUM, 1.0, kWorld);
+  EXPECT_FALSE(reduce.compress || reduce.per_level || reduce.framed);
+  // The same wire at both levels is one level.
+  c.inter_host_wire = compress::Wire::kFp16;
+  EXPECT_FALSE(c.per_level());
+  EXPECT_FALSE(plan(at::kFloat, RedOp::SUM, c).per_level);
+}
+
 TEST(Policy, Bf16WireNeedsNccl210) {
   Config bf16;
   bf16.wire = compress::Wire::kBf16;
@@ -375,10 +412,11 @@ TEST(Agreement, EverySettingThatChangesTheBytesIsCompared) {
       [](Config& c) { c.min_bytes = 0; },                     [](Config& c) { c.sum_scaling = SumScaling::kWorld; },
       [](Config& c) { c.compress_fp64 = true; },              [](Config& c) { c.accumulate = Accumulate::kWire; },
       [](Config& c) { c.rounding = Rounding::kNearest; },     [](Config& c) { c.sr_seed = 7; },
-      [](Config& c) { c.rounding = Rounding::kNearest, c.scaling = Scaling::kPow2; }};
+      [](Config& c) { c.rounding = Rounding::kNearest, c.scaling = Scaling::kPow2; },
+      [](Config& c) { c.rounding = Rounding::kNearest, c.inter_host_wire = compress::Wire::kMxfp8; }};
   for (size_t i = 0; i < changes.size(); ++i) {
     Config same = base, other = base;
-    if (i == 8) same.rounding = Rounding::kNearest;  // pow2 needs rne: the two differ in scaling alone
+    if (i >= 8) same.rounding = Rounding::kNearest;  // pow2 and levels need rne: the two differ in one setting
     changes[i](other);
     const auto errors = agree({same, same, other});
     for (int r = 0; r < 3; ++r) {

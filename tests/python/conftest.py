@@ -9,18 +9,29 @@ import harness  # noqa: E402
 from hosts import Nodes, unavailable  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def nodes():
-    """Two simulated hosts (hosts.py) for a module's tests; skips naming why where namespaces cannot be
-    made, which CNCCL_REQUIRE_NETNS=1 (CI) turns into a failure."""
+def simulated_hosts(hosts):
+    """`hosts` simulated hosts (hosts.py); skips naming why where namespaces cannot be made, which
+    CNCCL_REQUIRE_NETNS=1 (CI) turns into a failure."""
     why = unavailable()
     if why:
         if os.environ.get("CNCCL_REQUIRE_NETNS") == "1":
             pytest.fail(f"CNCCL_REQUIRE_NETNS=1 but {why}")
         pytest.skip(why)
-    n = Nodes()
+    n = Nodes(hosts)
     yield n
     n.close()
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    """Two simulated hosts for a module's tests, joined by one veth pair."""
+    yield from simulated_hosts(2)
+
+
+@pytest.fixture(scope="module")
+def three_nodes():
+    """Three simulated hosts for a module's tests, each with a veth to one bridge."""
+    yield from simulated_hosts(3)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,7 +6,9 @@ Addresses are 10.213.x.{1,2} inside the namespaces made here, never on the machi
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 
 
 def ip(*args, netns=None, check=True):
@@ -30,18 +32,31 @@ def unavailable(tools=("ip",)):
 
 
 class Nodes:
-    """Namespaces `a` and `b`, joined by veth devices on 10.213.<n>.1 and .2; removed on close."""
+    """`hosts` namespaces (cnccl-a-*, cnccl-b-*, ...) on 10.213.<n>.1, .2, ...; removed on close. Two are
+    joined by one veth pair; more, each by a veth to a bridge in a namespace of its own (a switch)."""
 
-    def __init__(self):
-        tag = os.getpid() % 10000
-        self.ns = [f"cnccl-a-{tag}", f"cnccl-b-{tag}"]
-        self.dev = [f"cna{tag}", f"cnb{tag}"]
-        self.addr = [f"10.213.{tag % 250}.1", f"10.213.{tag % 250}.2"]
+    def __init__(self, hosts=2):
+        tag = os.getpid() % 1000 * 10 + hosts  # two sets of hosts of one process are apart
+        names = "abcdefgh"[:hosts]
+        self.ns = [f"cnccl-{c}-{tag}" for c in names]
+        self.dev = [f"cn{c}{tag}" for c in names]
+        self.addr = [f"10.213.{tag % 250}.{i + 1}" for i in range(hosts)]
+        self.switch = f"cnccl-sw-{tag}" if hosts > 2 else None
         self.procs = []
         try:
-            for ns in self.ns:
+            for ns in self.ns + ([self.switch] if self.switch else []):
                 ip("netns", "add", ns)
-            ip("link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
+            if self.switch:
+                ip("link", "add", "br0", "type", "bridge", netns=self.switch)
+                ip("link", "set", "br0", "up", netns=self.switch)
+                for i, dev in enumerate(self.dev):
+                    port = f"sw{i}{tag}"
+                    ip("link", "add", dev, "type", "veth", "peer", "name", port)
+                    ip("link", "set", port, "netns", self.switch)
+                    ip("link", "set", port, "master", "br0", netns=self.switch)
+                    ip("link", "set", port, "up", netns=self.switch)
+            else:
+                ip("link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
             for ns, dev, addr in zip(self.ns, self.dev, self.addr):
                 ip("link", "set", dev, "netns", ns)
                 ip("addr", "add", f"{addr}/24", "dev", dev, netns=ns)
@@ -80,12 +95,39 @@ class Nodes:
         self.procs.append(proc)
         return proc
 
+    def torchrun(self, per_host, args, logdir, timeout, node_env=lambda node: {}):
+        """`python -m torch.distributed.run ... args` on every host, `per_host` ranks each (c10d rendezvous on
+        the first host's address, UCX over TCP), waited for; returns the exit codes (None on a timeout) and
+        the logs' paths. `node_env(node)` adds variables for one host's ranks."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = 20000 + probe.getsockname()[1] % 20000
+        hosts = len(self.ns)
+        procs, logs = [], []
+        for node in range(hosts):
+            # A UCX_NET_DEVICES naming the machine's own devices would match nothing inside a namespace.
+            env = {k: v for k, v in os.environ.items() if k != "UCX_NET_DEVICES"}
+            env.update(GLOO_SOCKET_IFNAME=self.dev[node], UCX_TLS="tcp", OMP_NUM_THREADS="1", **node_env(node))
+            logs.append(os.path.join(logdir, f"host{node}.log"))
+            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={hosts}", f"--nproc_per_node={per_host}",
+                   "--rdzv_backend=c10d", f"--rdzv_id=cnccl-{port}", f"--rdzv_endpoint={self.addr[0]}:{port}",
+                   f"--local_addr={self.addr[node]}",
+                   # The namespaces share the machine's host name: say which one hosts the store.
+                   f"--rdzv_conf=is_host={int(node == 0)}"] + list(args)
+            with open(logs[-1], "w") as log:
+                procs.append(self.start(node, cmd, env, log))
+        try:
+            codes = [p.wait(timeout=timeout) for p in procs]
+        except subprocess.TimeoutExpired:
+            codes = None
+        return codes, logs
+
     def close(self):
         for proc in self.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        for ns in self.ns:
+        for ns in self.ns + ([self.switch] if self.switch else []):
             # Anything still inside (a stray rank) dies with it.
             pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
             for pid in pids:

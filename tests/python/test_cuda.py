@@ -425,6 +425,25 @@ def fsdp2_trains_on_cnccl_and_its_reduce_scatter_ops_compress(ctx):
         same(out, expected(x, op_name, "fp16", ctx), f"FSDP-style reduce_scatter {op_name}")
 
 
+@case
+def a_wire_per_level_is_refused_on_cuda_tensors_by_name(ctx):
+    """NCCL decides how CUDA tensors' sums cross hosts: inter_host_wire cannot apply, and says so before
+    anything is queued; the group's CPU tensors still sum (one host: with wire_dtype alone)."""
+    g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
+        wire_dtype="fp16", inter_host_wire="mxfp8", accumulate="fp32", min_bytes=0))
+    x = ctx.data(N)
+    before = x.clone()
+    for call in (lambda: dist.all_reduce(x, group=g),
+                 lambda: dist.reduce_scatter_tensor(torch.empty_like(x), x, group=g)):
+        with pytest.raises(ValueError, match=r"inter_host_wire=mxfp8 .* applies to CPU tensors' host path only: "
+                                             r"on CUDA tensors NCCL decides the topology"):
+            call()
+    assert torch.equal(x, before)
+    y = torch.ones(1000)
+    dist.all_reduce(y, group=g)
+    assert torch.equal(y, torch.ones(1000))
+
+
 ENVS = {"default": {}, "blocking-wait": {"TORCH_NCCL_BLOCKING_WAIT": "1"}}
 
 

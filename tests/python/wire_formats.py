@@ -221,3 +221,74 @@ def mx_framed(x, wire, pre=1.0, mx_scale="rceil"):
     nonfinite = ~padded.view(-1, MX_BLOCK).isfinite().all(1)
     return decoded.masked_fill(nonfinite[:, None], float("nan")).reshape(-1)[:n]
 
+
+
+# A wire per level (docs/numerics.md, "A wire per level"): the host path's sums across hosts that share
+# memory inside each, emulated from every rank's input (rank h * per_host + l: host h, local rank l).
+def through_level(v, wire, pre=1.0):
+    """v (fp32) times fp32(pre) as a level's owner decodes it: fp32 as it is ("none"), else framed."""
+    if wire == "none":
+        return v.float() * torch.tensor(pre, dtype=torch.float32).item()
+    return framed(v.float(), wire, pre)
+
+
+def _padded(v, n):
+    out = torch.zeros(n, dtype=v.dtype)
+    out[:v.numel()] = v
+    return out
+
+
+def _level_sums(rows_by_host, count, hosts, inside, across, pre):
+    """Level 1 per host: each row (one a local rank, `count` elements) through `inside`, added in local
+    rank order. Level 2: each host's sums cut into `hosts` sub-parts, through `across`, added in host order."""
+    sums = []
+    for rows in rows_by_host:
+        acc = None
+        for row in rows:
+            d = through_level(_padded(row, count), inside, pre)
+            acc = d if acc is None else acc + d
+        sums.append(acc)
+    sub = count // hosts
+    totals = []
+    for j in range(hosts):
+        acc = None
+        for s in sums:
+            d = through_level(s[j * sub:(j + 1) * sub], across)
+            acc = d if acc is None else acc + d
+        totals.append(acc)
+    return totals
+
+
+def level_allreduce(inputs, hosts, per_host, inside, across, pre=1.0, post=1.0):
+    """An allreduce's result with a wire per level: local parts of ceil(n / per_host) rounded up to a
+    multiple of 32 x hosts, each host's sub-part sum through `across` once more, times fp32(post)."""
+    n = inputs[0].numel()
+    align = 32 * hosts
+    count = -(-(-(-n // per_host)) // align) * align
+    out = torch.empty(n)
+    for l in range(per_host):
+        lo, hi = min(n, l * count), min(n, (l + 1) * count)
+        rows_by_host = [[inputs[h * per_host + q][lo:hi] for q in range(per_host)] for h in range(hosts)]
+        totals = _level_sums(rows_by_host, count, hosts, inside, across, pre)
+        out[lo:hi] = torch.cat([through_level(t, across) for t in totals])[:hi - lo] * _fp32(post)
+    return out
+
+
+def _fp32(v):
+    return torch.tensor(v, dtype=torch.float32).item()
+
+
+def level_reduce_scatter(inputs, hosts, per_host, inside, across, pre=1.0, post=1.0):
+    """Each rank's output of a reduce_scatter_tensor with a wire per level (inputs: world x each elements):
+    local part l is the chunks of ranks h * per_host + l in host order; the sub-part sums are not rounded."""
+    world = hosts * per_host
+    each = inputs[0].numel() // world
+    chunk = lambda x, r: x[r * each:(r + 1) * each]  # noqa: E731
+    outputs = [None] * world
+    for l in range(per_host):
+        ranks = [h * per_host + l for h in range(hosts)]
+        rows_by_host = [[torch.cat([chunk(inputs[h * per_host + q], r) for r in ranks]) for q in range(per_host)]
+                        for h in range(hosts)]
+        for r, t in zip(ranks, _level_sums(rows_by_host, each * hosts, hosts, inside, across, pre)):
+            outputs[r] = t * _fp32(post)
+    return outputs

@@ -29,6 +29,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kMagic = 0x636e63636c73686dull;  // "cnccl shm"
 constexpr size_t kSignatureBytes = 256;
+constexpr size_t kFailureBytes = 1024;
 // How long a waiter spins before it sleeps until it has measured a wake-up (ShmComm::spin_after).
 // A futex wake-up on an idle core of a 2-core VM took 100 us or more: 4K allreduces at 2 ranks took
 // 110-140 us with 30 us of spinning and 30-45 us with 200 (bench/allreduce.py).
@@ -85,6 +86,9 @@ struct ShmComm::Control {
     uint64_t step;
     char text[kSignatureBytes];
   } headers[kDepth];
+  // The collective this rank failed last (its seq + 1), and why; written before the number.
+  Line failed;
+  char failure[kFailureBytes];
 };
 
 namespace {
@@ -395,6 +399,13 @@ void ShmComm::wait_one(int peer, Counter counter, uint64_t step) {
                ") exited before it reached this step of the collective",
            other);
     }
+    // A peer that failed this collective (publish_failure) posts nothing more in it.
+    for (int other = 0; other < size_; ++other) {
+      if (other == rank_ || control(other).failed.value.load(std::memory_order_acquire) != seq_ + 1) continue;
+      fail("rank " + std::to_string(global_rank(other)) + " failed this collective: " +
+               peer_text(control(other).failure, kFailureBytes),
+           other);
+    }
     const auto now = Clock::now();
     if (now >= deadline_) {
       fail("timed out after " + std::to_string(timeout_.count()) + " ms waiting for rank " +
@@ -436,6 +447,14 @@ void ShmComm::abort(const std::string& why) {
   if (aborted_.load()) return;
   abort_reason_ = why;
   aborted_.store(true);
+}
+
+void ShmComm::publish_failure(const std::string& what) {
+  Control& mine = control(rank_);
+  const size_t n = std::min(what.size(), kFailureBytes - 1);
+  std::memcpy(mine.failure, what.data(), n);
+  mine.failure[n] = '\0';
+  mine.failed.value.store(seq_ + 1, std::memory_order_release);
 }
 
 void ShmComm::fail(const std::string& what, int peer) const {

@@ -95,6 +95,10 @@ class ShmComm {
   void wait_all(Counter counter, uint64_t step);
 
   void abort(const std::string& why);
+  // Tells this host's peers that this rank failed the current collective, and why: a peer waiting on it
+  // there fails at once, naming it and `what`, instead of at the deadline. A rank may fail alone (a
+  // disagreement only its ring neighbours across hosts saw, a failure between hosts).
+  void publish_failure(const std::string& what);
 
   // Bytes this rank wrote to its segment for its peers to read: its contributions to their parts
   // and the results of its own (the shared-memory counterpart of a transport's bytes sent).

@@ -1,0 +1,264 @@
+"""A wire per level (inter_host_wire; docs/numerics.md, "A wire per level") across simulated hosts: 2 x 2
+and 3 x 2 ranks (network namespaces, each host's ranks one torchrun in an IPC namespace of its own,
+tests/python/hosts.py), so the host path runs shared memory inside each host and UCX across. Every
+allreduce and reduce_scatter_tensor must give, bit for bit, what wire_formats.level_allreduce and
+level_reduce_scatter compute from every rank's input (the frames and MX blocks through wire_formats'
+emulations, torchao the MX oracle). Also: cnccl.config() names each level's wire, and a group whose hosts
+disagree on inter_host_wire fails on every rank naming both settings.
+
+On one host (harness.py's shared jobs, 2 ranks): the setting's checks, and that a group there sums
+with wire_dtype alone (it has no link between hosts) on cnccl's host path, while cpu_engine=gloo refuses it.
+The hosts' tests need root for `ip netns`; they skip naming that elsewhere, and CI
+(CNCCL_REQUIRE_NETNS=1) turns the skip into a failure. A CUDA tensor's refusal is in test_cuda.py.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cnccl  # noqa: E402
+from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, check_case, engine_of, gloo_group, share, shared_job  # noqa: E402
+from wire_formats import level_allreduce, level_reduce_scatter, mixed_magnitudes  # noqa: E402
+
+TIMEOUT = 600
+# (inside, across): the issue's per-level pairs, exact fp32 inside, 16-bit across, and 8-bit frames.
+LEVELS = [("fp16", "mxfp8"), ("none", "mxfp8"), ("fp16", "mxfp4"), ("bf16", "e4m3"), ("mxfp8", "fp16"),
+          ("fp16", "none")]
+# Allreduce sizes: parts with their last blocks short, local parts left empty (n below 32 x hosts), and
+# several chunks of shared memory; reduce_scatter outputs: a short last MX block, and many blocks.
+ALLREDUCE_SIZES = [5, 1000, 300_001]
+SCATTER_SIZES = [37, 40_000]
+
+
+def inputs(seed, rank, n):
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    return mixed_magnitudes(gen, n, 3) * (1 + rank)
+
+
+FACTOR = 0.37
+
+
+def small_integers(seed, rank, n):
+    return torch.randint(-8, 9, (n,), generator=torch.Generator().manual_seed(seed * 1000 + rank)).float() * 1.5
+
+
+def allreduce_input(case, i, rank):
+    if case.get("strided"):
+        return inputs(i, rank, 2 * case["n"])[::2]
+    return inputs(i, rank, case["n"])
+
+
+def cases():
+    out = []
+    for inside, across in LEVELS:
+        for n in ALLREDUCE_SIZES:
+            out.append(dict(kind="allreduce", inside=inside, across=across, n=n, op="sum"))
+        for each in SCATTER_SIZES:
+            out.append(dict(kind="reduce_scatter", inside=inside, across=across, n=each, op="sum"))
+    out.append(dict(kind="allreduce", inside="fp16", across="mxfp8", n=4099, op="avg"))
+    # PREMUL_SUM's factor and sum_scaling's 1/N before the first level, its N after the last.
+    out.append(dict(kind="allreduce", inside="fp16", across="mxfp4", n=3001, op="premul"))
+    out.append(dict(kind="allreduce", inside="fp16", across="mxfp8", n=3001, op="sum", sum_scaling="world"))
+    out.append(dict(kind="reduce_scatter", inside="bf16", across="e4m3", n=301, op="sum", sum_scaling="world"))
+    # reduce() is exact at every level: small integers sum exactly.
+    out.append(dict(kind="reduce", inside="fp16", across="mxfp8", n=70_000, op="sum"))
+    # A strided tensor's results go through a staging copy (as with untouched_on_failure).
+    out.append(dict(kind="allreduce", inside="fp16", across="mxfp8", n=5003, op="sum", strided=True))
+    out.append(dict(kind="allreduce", inside="bf16", across="e4m3", n=5003, op="sum", strided=True))
+    out.append(dict(kind="reduce_scatter", inside="none", across="mxfp8", n=333, op="avg"))
+    return out
+
+
+def test_the_settings_name_what_they_need(monkeypatch):
+    both = r"wire_dtype=fp16 inside a host and inter_host_wire=mxfp8 across hosts"
+    with pytest.raises(ValueError, match=both + r".*need accumulate=fp32.*got accumulate=wire"):
+        cnccl.Options(wire_dtype="fp16", inter_host_wire="mxfp8")
+    with pytest.raises(ValueError, match=both + r".* do not yet combine with rounding=sr"):
+        cnccl.Options(wire_dtype="fp16", inter_host_wire="mxfp8", accumulate="fp32", rounding="sr")
+    with pytest.raises(ValueError, match=r"Options.inter_host_wire='fp12' is not valid; allowed: fp16, bf16, e4m3"):
+        cnccl.Options(inter_host_wire="fp12")
+    # The same wire at both levels is one level: nothing more is needed.
+    assert cnccl.Options(wire_dtype="fp16", inter_host_wire="fp16") is not None
+    assert "inter_host_wire=None" in repr(cnccl.Options()) and "inter_host_wire=e4m3)" in repr(
+        cnccl.Options(inter_host_wire="e4m3", accumulate="fp32"))
+    monkeypatch.setenv("CNCCL_INTER_HOST_WIRE", "mxfp4")
+    with pytest.raises(ValueError, match=r"inter_host_wire=mxfp4 across hosts.*need accumulate=fp32"):
+        cnccl.Options(wire_dtype="none")
+
+
+# --- One host (harness.py's shared jobs).
+
+case = Cases()
+share(__name__, CPU_ENGINES, [2])
+
+
+class Context:
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+        self.gloo = gloo_group()
+        self.gen = torch.Generator().manual_seed(71 + rank)
+
+
+def levels_group(**fields):
+    return dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(
+        wire_dtype="fp16", inter_host_wire="mxfp8", accumulate="fp32", min_bytes=0, **fields))
+
+
+@case
+def one_host_sums_with_wire_dtype_alone(ctx):
+    """No link between hosts, so no level for inter_host_wire: the sums are wire_dtype's, bit for bit;
+    config() names both settings and the one level. gloo, which decides its own topology, refuses."""
+    if engine_of() == "gloo":
+        with pytest.raises(ValueError, match=r"inter_host_wire=mxfp8 differs from wire_dtype=fp16, but "
+                                             r"cpu_engine=gloo"):
+            levels_group()
+        return
+    levels = levels_group()
+    plain = dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(
+        wire_dtype="fp16", accumulate="fp32", min_bytes=0))
+    c = cnccl.config(levels)
+    assert (c["wire_dtype"], c["inter_host_wire"], c["wire_levels"]) == ("fp16", "mxfp8", "fp16 on every link"), c
+    for n in [5, 100_003]:
+        x = mixed_magnitudes(ctx.gen, n, 3)
+        a, b = x.clone(), x.clone()
+        dist.all_reduce(a, group=levels)
+        dist.all_reduce(b, group=plain)
+        assert torch.equal(a, b), f"allreduce n={n}"
+        src = mixed_magnitudes(ctx.gen, n * ctx.world, 3)
+        a, b = torch.empty(n), torch.empty(n)
+        dist.reduce_scatter_tensor(a, src, group=levels)
+        dist.reduce_scatter_tensor(b, src, group=plain)
+        assert torch.equal(a, b), f"reduce_scatter n={n}"
+
+
+@pytest.mark.parametrize("engine", CPU_ENGINES)
+@pytest.mark.parametrize("name", case.names())
+def test_one_host(name, engine):
+    check_case(shared_job(__name__, 2, engine), name, 2, case, engine)
+
+
+# --- Across simulated hosts.
+
+def worker(outdir):
+    """One rank: every case on its own group; then the disagreement. Writes outputs and what it saw."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    per_host = int(os.environ["LOCAL_WORLD_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    seen = {}
+    results = []
+    groups = {}
+    for i, case in enumerate(cases()):
+        levels = (case["inside"], case["across"], case.get("sum_scaling", "none"))
+        if levels not in groups:
+            groups[levels] = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
+                wire_dtype=case["inside"], inter_host_wire=case["across"], accumulate="fp32", min_bytes=0,
+                sum_scaling=levels[2]))
+        group = groups[levels]
+        if i == 0:
+            seen["config"] = {k: cnccl.config(group)[k] for k in ("wire_dtype", "inter_host_wire", "wire_levels")}
+        op = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM,
+              "premul": dist._make_nccl_premul_sum(FACTOR)}[case["op"]]
+        if case["kind"] == "reduce":
+            x = small_integers(i, rank, case["n"])
+            dist.reduce(x, dst=world - 1, op=op, group=group)
+        elif case["kind"] == "allreduce":
+            x = allreduce_input(case, i, rank)
+            dist.all_reduce(x, op=op, group=group)
+            x = x.clone()
+        else:
+            src = inputs(i, rank, case["n"] * world)
+            x = torch.empty(case["n"])
+            dist.reduce_scatter_tensor(x, src, op=op, group=group)
+        results.append(x)
+    # Hosts whose ranks do not share memory have no level inside a host: group creation says so.
+    try:
+        dist.new_group(backend="cnccl", pg_options=cnccl.Options(
+            wire_dtype="fp16", inter_host_wire="mxfp8", accumulate="fp32", shm="off"))
+        seen["no_shm"] = None
+    except ValueError as e:
+        seen["no_shm"] = str(e)
+    # Hosts that disagree on the wire across: every rank's allreduce must fail, naming both.
+    mine = "mxfp8" if rank < per_host else "mxfp4"
+    group = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
+        wire_dtype="fp16", inter_host_wire=mine, accumulate="fp32", min_bytes=0))
+    try:
+        dist.all_reduce(torch.ones(1 << 12), group=group)
+        seen["disagreement"] = None
+    except Exception as e:  # noqa: BLE001 - the test asserts on the message
+        seen["disagreement"] = f"{type(e).__name__}: {e}"
+    torch.save(results, os.path.join(outdir, f"out-{rank}.pt"))
+    with open(os.path.join(outdir, f"seen-{rank}.json"), "w") as f:
+        json.dump(seen, f)
+    dist.barrier()  # on gloo: no rank leaves (and looks dead) before every rank has seen the failure
+    os._exit(0)  # the failed group is unusable, and destroying it would only wait out its peers
+
+
+def run_job(nodes, hosts, per_host, tmp_path):
+    codes, logs = nodes.torchrun(per_host, [os.path.abspath(__file__), "--worker", str(tmp_path)], str(tmp_path),
+                                 TIMEOUT)
+    nodes.procs.clear()
+    if codes != [0] * hosts:
+        pytest.fail(f"job failed (exit codes {codes}):\n" +
+                    "\n".join(f"--- {p}\n" + open(p).read()[-4000:] for p in logs))
+
+
+def bits(t):
+    """Bitwise identity, NaNs included (a block holding a non-finite value decodes as NaN)."""
+    return t.view(torch.int32)
+
+
+def check(tmp_path, hosts, per_host):
+    world = hosts * per_host
+    outs = [torch.load(tmp_path / f"out-{r}.pt") for r in range(world)]
+    seen = [json.load(open(tmp_path / f"seen-{r}.json")) for r in range(world)]
+    for i, case in enumerate(cases()):
+        world_scaled = case.get("sum_scaling") == "world"
+        pre = {"avg": 1.0 / world, "premul": FACTOR}.get(case["op"], 1.0 / world if world_scaled else 1.0)
+        post = world if world_scaled else 1.0
+        name = (f"{case['kind']} {case['inside']}|{case['across']} n={case['n']} {case['op']}" +
+                (" strided" if case.get("strided") else "") + (" sum_scaling=world" if world_scaled else ""))
+        if case["kind"] == "reduce":
+            total = sum(small_integers(i, r, case["n"]) for r in range(world))
+            got = outs[world - 1][i]
+            assert torch.equal(got, total), f"{name}: the root's result is not the exact sum"
+            continue
+        if case["kind"] == "allreduce":
+            xs = [allreduce_input(case, i, r).contiguous() for r in range(world)]
+            want = [level_allreduce(xs, hosts, per_host, case["inside"], case["across"], pre, post)] * world
+        else:
+            xs = [inputs(i, r, case["n"] * world) for r in range(world)]
+            want = level_reduce_scatter(xs, hosts, per_host, case["inside"], case["across"], pre, post)
+        for r in range(world):
+            got = outs[r][i]
+            differ = (bits(got) != bits(want[r])).nonzero()
+            assert differ.numel() == 0, (
+                f"{name}, rank {r}: {differ.numel()} of {got.numel()} elements differ from the emulation, first "
+                f"at {differ[0].item()}: {got[differ[0]].item()!r} vs {want[r][differ[0]].item()!r}")
+    levels = f"fp16 inside each host, mxfp8 across {hosts} hosts"
+    for r, s in enumerate(seen):
+        assert s["config"] == {"wire_dtype": "fp16", "inter_host_wire": "mxfp8", "wire_levels": levels}, s["config"]
+        assert s["no_shm"] and "do not share memory within each host (off on rank" in s["no_shm"], s["no_shm"]
+        assert s["disagreement"] and "mxfp8 across" in s["disagreement"] and "mxfp4 across" in s["disagreement"], (
+            f"rank {r}: {s['disagreement']}")
+
+
+@pytest.mark.needs_host_path
+def test_two_hosts_of_two_ranks_sum_as_the_emulation(nodes, tmp_path):
+    run_job(nodes, 2, 2, tmp_path)
+    check(tmp_path, 2, 2)
+
+
+@pytest.mark.needs_host_path
+def test_three_hosts_of_two_ranks_sum_as_the_emulation(three_nodes, tmp_path):
+    run_job(three_nodes, 3, 2, tmp_path)
+    check(tmp_path, 3, 2)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    worker(sys.argv[2])
