@@ -93,8 +93,9 @@ HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int s
       const std::string prefix = "cnccl/across_hosts/" + std::to_string(shm_->rank()) + "/";
       auto across = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
       auto transport = make_ucx_transport(across, shm_->host(), int(shm_->hosts().size()));
-      cross_ = std::make_unique<Comm>(std::move(transport), group_name + "' across hosts, local rank " +
-                                                                std::to_string(shm_->rank()) + ", '");
+      cross_ = std::make_unique<Comm>(std::move(transport), group_name,
+                                      " across hosts (local rank " + std::to_string(shm_->rank()) +
+                                          " of each; its ranks number hosts)");
     }
   } else {
     no_shm_because_ = "a single rank";
@@ -200,8 +201,10 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
     } catch (const std::exception& e) {
       const std::string what = errors::message_of(e);
       if (broken_.empty()) broken_ = what;
-      // Only a call that began (a broken group's fails before it, on the last collective's number).
+      // Only a call that began (a broken group's fails before it, on the last collective's number). Ranks
+      // of other hosts may wait on this one across hosts, where only a notice reaches them.
       if (shm_ && posts) shm_->publish_failure(what);
+      if (cross_ && posts) cross_->notify_peers(what);
       // The steps hold every tensor the call's messages read or write.
       if (posts) comm_->keep_until_quiesced(std::make_shared<std::vector<Step>>(steps));
       const char* left = call.on_failure;

@@ -34,6 +34,12 @@ def three_nodes():
     yield from simulated_hosts(3)
 
 
+@pytest.fixture(scope="module")
+def four_nodes():
+    """Four simulated hosts, each with a veth to one bridge."""
+    yield from simulated_hosts(4)
+
+
 def pytest_collection_modifyitems(config, items):
     # A build without UCX has no host path: what runs on it, or a module marked needs_host_path, skips.
     if harness.host_path_built():

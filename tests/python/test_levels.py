@@ -4,7 +4,8 @@ tests/python/hosts.py), so the host path runs shared memory inside each host and
 allreduce and reduce_scatter_tensor must give, bit for bit, what wire_formats.level_allreduce and
 level_reduce_scatter compute from every rank's input (the frames and MX blocks through wire_formats'
 emulations, torchao the MX oracle). Also: cnccl.config() names each level's wire, and a group whose hosts
-disagree on inter_host_wire fails on every rank naming both settings.
+disagree on inter_host_wire fails on every rank naming both settings, at 4 x 2 too, where two hosts see no
+disagreement themselves and learn it across hosts.
 
 On one host (harness.py's shared jobs, 2 ranks): the setting's checks, and that a group there sums
 with wire_dtype alone (it has no link between hosts) on cnccl's host path, while cpu_engine=gloo refuses it.
@@ -15,6 +16,8 @@ The hosts' tests need root for `ip netns`; they skip naming that elsewhere, and 
 import json
 import os
 import sys
+import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -183,25 +186,37 @@ def worker(outdir):
         seen["no_shm"] = None
     except ValueError as e:
         seen["no_shm"] = str(e)
-    # Hosts that disagree on the wire across: every rank's allreduce must fail, naming both.
+    torch.save(results, os.path.join(outdir, f"out-{rank}.pt"))
+    disagree(outdir, seen)
+
+
+def disagree(outdir, seen):
+    """Hosts that disagree on the wire across: every rank's allreduce must fail at once, naming both. The
+    first host sums across in mxfp8, the others in mxfp4. Within the group's timeout (60 s) a rank that
+    waited for it would report the timeout instead."""
+    rank, per_host = int(os.environ["RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
     mine = "mxfp8" if rank < per_host else "mxfp4"
-    group = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
+    group = dist.new_group(backend="cnccl", timeout=timedelta(seconds=60), pg_options=cnccl.Options(
         wire_dtype="fp16", inter_host_wire=mine, accumulate="fp32", min_bytes=0))
+    if rank < per_host:
+        # The first host comes late: the hosts that agree with their ring neighbours are then waiting
+        # across hosts, not for the group's headers, when the disagreement is found.
+        time.sleep(3)
     try:
         dist.all_reduce(torch.ones(1 << 12), group=group)
         seen["disagreement"] = None
     except Exception as e:  # noqa: BLE001 - the test asserts on the message
         seen["disagreement"] = f"{type(e).__name__}: {e}"
-    torch.save(results, os.path.join(outdir, f"out-{rank}.pt"))
     with open(os.path.join(outdir, f"seen-{rank}.json"), "w") as f:
         json.dump(seen, f)
     dist.barrier()  # on gloo: no rank leaves (and looks dead) before every rank has seen the failure
     os._exit(0)  # the failed group is unusable, and destroying it would only wait out its peers
 
 
-def run_job(nodes, hosts, per_host, tmp_path):
-    codes, logs = nodes.torchrun(per_host, [os.path.abspath(__file__), "--worker", str(tmp_path)], str(tmp_path),
-                                 TIMEOUT)
+def run_job(nodes, hosts, per_host, tmp_path, mode="--worker"):
+    codes, logs = nodes.torchrun(per_host, [os.path.abspath(__file__), mode, str(tmp_path)], str(tmp_path), TIMEOUT)
     nodes.procs.clear()
     if codes != [0] * hosts:
         pytest.fail(f"job failed (exit codes {codes}):\n" +
@@ -244,6 +259,11 @@ def check(tmp_path, hosts, per_host):
     for r, s in enumerate(seen):
         assert s["config"] == {"wire_dtype": "fp16", "inter_host_wire": "mxfp8", "wire_levels": levels}, s["config"]
         assert s["no_shm"] and "do not share memory within each host (off on rank" in s["no_shm"], s["no_shm"]
+    check_disagreement(seen)
+
+
+def check_disagreement(seen):
+    for r, s in enumerate(seen):
         assert s["disagreement"] and "mxfp8 across" in s["disagreement"] and "mxfp4 across" in s["disagreement"], (
             f"rank {r}: {s['disagreement']}")
 
@@ -260,5 +280,15 @@ def test_three_hosts_of_two_ranks_sum_as_the_emulation(three_nodes, tmp_path):
     check(tmp_path, 3, 2)
 
 
+@pytest.mark.needs_host_path
+def test_four_hosts_that_disagree_fail_on_every_rank(four_nodes, tmp_path):
+    """From four hosts on, a host whose ring neighbours agree with it sees no disagreement itself: its
+    ranks wait across hosts on ranks that failed, and learn why from their notices."""
+    run_job(four_nodes, 4, 2, tmp_path, mode="--disagree")
+    check_disagreement([json.load(open(tmp_path / f"seen-{r}.json")) for r in range(8)])
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
     worker(sys.argv[2])
+if __name__ == "__main__" and sys.argv[1:2] == ["--disagree"]:
+    disagree(sys.argv[2], {})

@@ -19,8 +19,8 @@ constexpr std::chrono::milliseconds kNoticeGrace{200};
 
 }  // namespace
 
-Comm::Comm(std::unique_ptr<Transport> transport, std::string group_name)
-    : transport_(std::move(transport)), group_name_(std::move(group_name)) {
+Comm::Comm(std::unique_ptr<Transport> transport, const std::string& group, const std::string& level)
+    : transport_(std::move(transport)), group_("group '" + group + "'" + level) {
   TORCH_CHECK(transport_->size() <= tags::kMaxRanks, "cnccl: the host path supports at most ", tags::kMaxRanks,
               " ranks");
   if (size() > 1) {
@@ -84,6 +84,8 @@ void Comm::settle_headers() {
 }
 
 void Comm::notify_peers(const std::string& what) {
+  // Once: a disagreement this comm found is notified where found, and again by the failed call.
+  if (!notice_sends_.empty()) return;
   notice_out_.fill(0);
   what.copy(notice_out_.data(), notice_out_.size() - 1);
   const uint64_t tag = tags::notice(rank());
@@ -122,8 +124,8 @@ Pending Comm::recv(int peer, uint32_t slot, void* data, size_t bytes) {
 }
 
 void Comm::fail(const std::string& what, int peer) const {
-  std::string msg = "cnccl: " + std::string(op_) + " (seq " + std::to_string(seq_) + ", group '" + group_name_ +
-                    "', rank " + std::to_string(rank()) + "/" + std::to_string(size()) + "): " + what;
+  std::string msg = "cnccl: " + std::string(op_) + " (seq " + std::to_string(seq_) + ", " + group_ + ", rank " +
+                    std::to_string(rank()) + "/" + std::to_string(size()) + "): " + what;
   if (peer >= 0) msg += " [peer rank " + std::to_string(peer) + "]";
   C10_THROW_ERROR(DistBackendError, msg);
 }
@@ -260,7 +262,7 @@ bool Comm::poll() {
     if (!problem.empty()) {
       error = std::make_exception_ptr(c10::DistBackendError(
           {__func__, __FILE__, uint32_t(__LINE__)},
-          "cnccl: " + problem + " (group '" + group_name_ + "', rank " + std::to_string(rank()) + ")" +
+          "cnccl: " + problem + " (" + group_ + ", rank " + std::to_string(rank()) + ")" +
               (it->pending.peer >= 0 ? " [peer rank " + std::to_string(it->pending.peer) + "]" : "")));
     }
     auto done = std::move(it->done);

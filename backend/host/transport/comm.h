@@ -30,7 +30,9 @@ struct Pending {
 
 class Comm {
  public:
-  Comm(std::unique_ptr<Transport> transport, std::string group_name);
+  // `group` names the process group in messages; `level` says which of its ranks this Comm joins
+  // when not all of them (e.g. one per host), and what its rank numbers count.
+  Comm(std::unique_ptr<Transport> transport, const std::string& group, const std::string& level = {});
   // Quiesces the transport before anything a message may still use is released.
   ~Comm();
   Comm(const Comm&) = delete;
@@ -40,7 +42,6 @@ class Comm {
   int size() const { return transport_->size(); }
   int left() const { return (rank() + size() - 1) % size(); }
   int right() const { return (rank() + 1) % size(); }
-  const std::string& group_name() const { return group_name_; }
   uint64_t bytes_sent() const { return transport_->bytes_sent(); }
 
   // Starts a collective: its name and sequence number go into tags and error messages.
@@ -52,6 +53,9 @@ class Comm {
              bool exchange_headers = true);
   // Settles the collective's headers (for a body that waited on nothing, or on nothing more).
   void end();
+  // Tells every other rank why this one failed its collective (a disagreement it found, or any failure):
+  // their waits fail with it at once instead of at the deadline. Bounded: a peer may be gone.
+  void notify_peers(const std::string& what);
 
   // Collective messages of the current operation; `slot` tells apart the messages one pair of
   // ranks exchanges within it (ring steps, phases).
@@ -111,8 +115,6 @@ class Comm {
   std::string check(const Pending& p, const std::string& what) const;
   void wait_all(std::vector<Pending>& pending);
   void settle_headers();
-  // Tells every other rank about a disagreement this rank found; they fail with it at once.
-  void notify_peers(const std::string& what);
   // Fails with a notice another rank sent, if one has arrived.
   void check_notices() const;
   // Fails with `what`, or with a notice that arrives within a short grace and explains it.
@@ -134,7 +136,7 @@ class Comm {
   std::vector<Pending> headers_;  // of the collective in flight, until settled
   std::vector<std::unique_ptr<Request>> notice_recvs_;
   std::vector<std::unique_ptr<Request>> notice_sends_;
-  std::string group_name_;
+  std::string group_;  // "group 'name'" and the level, for messages
   const char* op_ = "";
   uint64_t seq_ = 0;
   Clock::time_point deadline_;
