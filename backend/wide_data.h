@@ -35,10 +35,11 @@ void with_wide_data(const char* data, at::ScalarType dtype, F&& f) {
 // dst = fp32 `sums` (same element count) times `post_scale`, as the codec's restore treats a widened
 // 16-bit value: multiplied in fp32 for an fp32 `dst`, widened and then multiplied in fp64 for fp64.
 // The unrounded result of a reduce_scatter with fp32 sums (docs/design.md, "Numerics").
+// In place: no temporary the size of dst (the composed path's memory, docs/design.md, "Numerics").
 inline void write_scaled_sums(const at::Tensor& sums, const at::Tensor& dst, double post_scale) {
   const double scale = double(float(post_scale));
-  at::Tensor out = dst.scalar_type() == at::kFloat ? sums : sums.to(dst.scalar_type());
-  dst.copy_((scale == 1.0 ? out : out.mul(scale)).view(dst.sizes()));
+  if (!sums.is_same(dst)) dst.copy_(sums.view(dst.sizes()));
+  if (scale != 1.0) dst.mul_(scale);
 }
 
 }  // namespace cnccl

@@ -65,7 +65,9 @@ std::vector<at::Tensor> stages_of(const std::vector<Composition::Staged>& staged
 void unstage(Device& device, const Composition::Staged& s) {
   const bool in_place = s.target.is_contiguous();
   at::Tensor out = in_place ? flat(s.target) : at::empty({s.target.numel()}, s.target.options());
-  if (s.plan.framed && s.rows) {
+  if (s.summed) {
+    write_scaled_sums(s.stage, out, s.plan.post_scale);
+  } else if (s.plan.framed && s.rows) {
     // Frames, [ranks, frame bytes]: every rank's frame of this rank's part (reduce_scatter).
     const at::Tensor sums = at::empty({out.numel()}, out.options().dtype(at::kFloat));
     write_scaled_sums(frames::sum(s.stage.unbind(0), out.numel(), s.plan.wire, sums), out, s.plan.post_scale);
@@ -180,6 +182,11 @@ Composition::WorkPtr Composition::to_owners(const at::Tensor& sent, const at::Te
   return inner().alltoall_base(out, in, equal_splits, equal_splits, opts);
 }
 
+int64_t Composition::owner_chunks(int64_t wire_bytes, int64_t part) {
+  // Fewer chunks would save nothing: two hold what one does (the stage, twice half of it more).
+  return wire_bytes >= kOwnerChunks * kOwnerChunkBytes && part >= kOwnerChunks ? kOwnerChunks : 1;
+}
+
 Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const Plan& p, const Timing& timing) {
   if (p.framed) return allreduce_frames(t, p, timing);
   const int64_t n = t.numel(), part = (n + size_ - 1) / size_;
@@ -187,24 +194,42 @@ Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const 
   at::Tensor sent = stage(t, p, part * size_);
   stage_into(t, sent.narrow(0, 0, n), p, contributions);
   if (part * size_ > n) device_->run([pad = sent.narrow(0, n, part * size_ - n)] { pad.zero_(); });
-  at::Tensor rows = at::empty_like(sent);
-  EngineCall to_owners_call = called(to_owners(sent, rows, timing));
-  // The owner's sum, and the allgather after it, run on the stream the restore will: never make
-  // the caller's stream wait for the network (docs/design.md, "Stream order").
-  const auto on_restore_stream = restore_stream(*device_, timing.async_op);
-  wait_for(*device_, to_owners_call);
-  at::Tensor mine = stage(t, p, part);
-  device_->sum(rows.view({size_, part}), mine, p, sums, uint64_t(rank_ * part));
-  // The allgather lands in `sent`: the engine runs it after the all-to-all that read it (one NCCL
-  // stream; gloo's all-to-all was waited for above), and a buffer less is held to the restore.
-  at::Tensor gathered = sent;
+  const at::Tensor parts = sent.view({size_, part});
+  // This rank's sum lands in its own row of `sent` once the all-to-all has read it there, and the
+  // allgather gathers in place (both engines allow it: NCCL by the pointers, gloo through a flat
+  // buffer of its own). In chunks the columns go out a piece at a time through `outgoing`
+  // (docs/design.md, "Memory"); one chunk sends `sent` itself.
+  const int64_t chunks = owner_chunks(sent.nbytes(), part), width = (part + chunks - 1) / chunks;
+  at::Tensor rows = stage(t, p, size_ * width);
+  at::Tensor outgoing = chunks > 1 ? at::empty_like(rows) : sent;
+  const at::Tensor mine = parts[rank_];
+  std::vector<EngineCall> calls;
+  std::shared_ptr<void> on_restore_stream;
+  for (int64_t first = 0; first < part; first += width) {
+    const int64_t cols = std::min(width, part - first);
+    const at::Tensor out = rows.narrow(0, 0, size_ * cols), in = outgoing.narrow(0, 0, size_ * cols);
+    if (chunks > 1) {
+      // On the stream of the sum before: the engine's read of the last chunk was waited for there.
+      device_->run([in, src = parts.narrow(1, first, cols), size = size_, cols] { in.view({size, cols}).copy_(src); });
+    }
+    calls.push_back(called(to_owners(in, out, timing)));
+    // The owner's sum, the next chunk and the allgather run on the stream the restore will: never
+    // make the caller's stream wait for the network (docs/design.md, "Stream order"). The engine
+    // issues the next chunk after what that stream holds, the sum that read `rows` included.
+    if (calls.size() == 1) on_restore_stream = restore_stream(*device_, timing.async_op);
+    wait_for(*device_, calls.back());
+    device_->sum(out.view({size_, cols}), mine.narrow(0, first, cols), p, sums, uint64_t(rank_ * part + first));
+  }
   c10d::AllgatherOptions back;
   back.timeout = timing.timeout;
   back.asyncOp = timing.async_op;
-  EngineCall allgather_call = called(inner()._allgather_base(gathered, mine, back));
-  // The all-to-all's failure shows on its own work (NCCL's watchdog sets it there): the restore
-  // waits on both.
-  return {{to_owners_call, allgather_call}, {gathered.narrow(0, 0, n), t, p}, {sent, rows, mine}};
+  at::Tensor mine_in = mine;
+  calls.push_back(called(inner()._allgather_base(sent, mine_in, back)));
+  // Every all-to-all's failure shows on its own work (NCCL's watchdog sets it there): the restore
+  // waits on each.
+  std::vector<at::Tensor> buffers{sent, rows};
+  if (chunks > 1) buffers.push_back(outgoing);
+  return {std::move(calls), {sent.narrow(0, 0, n), t, p}, std::move(buffers)};
 }
 
 Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Plan& p, const Timing& timing) {
@@ -236,6 +261,10 @@ Composition::Issued Composition::reduce_scatter_fp32_sums(const std::vector<at::
                                                           const at::Tensor& output, const Plan& p,
                                                           const Timing& timing) {
   const int64_t each = output.numel();
+  // The sums land in the stage already sent, which holds them from two ranks on (4 bytes against 2 x ranks).
+  if (!p.framed && size_ >= 2 && owner_chunks(2 * each * size_, each) > 1) {
+    return reduce_scatter_in_chunks(parts, output, p, timing);
+  }
   at::Tensor sent;
   if (p.framed) {
     sent = at::empty({size_, frames::frame_bytes(each, p.wire)}, output.options().dtype(at::kByte));
@@ -250,6 +279,47 @@ Composition::Issued Composition::reduce_scatter_fp32_sums(const std::vector<at::
   Staged staged{rows, output, p};
   staged.rows = true;
   return {{call}, staged, {sent}};
+}
+
+Composition::Issued Composition::reduce_scatter_in_chunks(const std::vector<at::Tensor>& parts,
+                                                          const at::Tensor& output, const Plan& p,
+                                                          const Timing& timing) {
+  const int64_t each = output.numel(), chunks = owner_chunks(2 * each * size_, each);
+  const int64_t width = (each + chunks - 1) / chunks;
+  // Chunk-major: chunk c's columns of every part, [ranks, columns], one block that goes out as it is.
+  // Its fp32 sums take bytes [4 first, 4 (first + columns)) of the stage, which its all-to-all and the
+  // ones before it have read ([0, 2 ranks (first + columns))); an even count makes the fp32 view.
+  const at::Tensor store = stage(output, p, (each * size_ + 1) / 2 * 2);
+  const at::Tensor sent = store.narrow(0, 0, each * size_);
+  const at::Tensor sums = store.view(at::kFloat).narrow(0, 0, each);
+  const compress::Dither contributions = dithers(p, each).first;
+  std::vector<at::Tensor> flats;
+  for (const auto& part : parts) flats.push_back(flat(part));
+  for (int64_t first = 0; first < each; first += width) {
+    const int64_t cols = std::min(width, each - first);
+    const at::Tensor block = sent.narrow(0, size_ * first, size_ * cols).view({size_, cols});
+    for (int i = 0; i < size_; ++i) {
+      stage_into(flats[i].narrow(0, first, cols), block[i], p, contributions, uint64_t(i * each + first));
+    }
+  }
+  at::Tensor rows = stage(output, p, size_ * width);
+  Plan unscaled = p;
+  unscaled.post_scale = 1.0;
+  std::vector<EngineCall> calls;
+  std::shared_ptr<void> on_restore_stream;
+  for (int64_t first = 0; first < each; first += width) {
+    const int64_t cols = std::min(width, each - first);
+    const at::Tensor in = sent.narrow(0, size_ * first, size_ * cols), out = rows.narrow(0, 0, size_ * cols);
+    calls.push_back(called(to_owners(in, out, timing)));
+    // As allreduce_fp32_sums's: the sums on the restore's stream, which the next chunk's engine call
+    // waits on before it receives into `rows`.
+    if (calls.size() == 1) on_restore_stream = restore_stream(*device_, timing.async_op);
+    wait_for(*device_, calls.back());
+    device_->sum_wide(out.view({size_, cols}), sums.narrow(0, first, cols), unscaled);
+  }
+  Staged staged{sums, output, p};
+  staged.summed = true;
+  return {std::move(calls), staged, {store, rows}};
 }
 
 c10::intrusive_ptr<c10d::Work> Composition::allreduce(std::vector<at::Tensor>& tensors,

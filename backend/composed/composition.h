@@ -76,6 +76,8 @@ class Composition {
     // `stage` holds every rank's contribution, one row each: the restore sums them in fp32
     // (a reduce_scatter with fp32 sums). With plan.framed the stage is frames, one row each.
     bool rows = false;
+    // `stage` holds the fp32 sums themselves, unscaled (a reduce_scatter summed chunk by chunk).
+    bool summed = false;
   };
 
  private:
@@ -100,15 +102,25 @@ class Composition {
   };
   WorkPtr to_owners(const at::Tensor& sent, const at::Tensor& rows, const Timing& timing);
   // With p.framed, allreduce_frames instead. The owner's sum and the allgather run on the stream the
-  // restore will, after the all-to-all.
+  // restore will, after the all-to-all. From kOwnerChunks x kOwnerChunkBytes of wire on, the all-to-all
+  // goes in kOwnerChunks column chunks, each summed before the next is received into the same buffer:
+  // the call holds (1 + 2/chunks) x the wire's bytes (docs/design.md, "Numerics", Memory).
   Issued allreduce_fp32_sums(const at::Tensor& t, const Plan& p, const Timing& timing);
+  static constexpr int64_t kOwnerChunks = 4;
+  static constexpr int64_t kOwnerChunkBytes = int64_t(1) << 20;
+  // How many chunks the all-to-all of `wire_bytes` in parts of `part` elements goes in.
+  static int64_t owner_chunks(int64_t wire_bytes, int64_t part);
   // The same in frames (backend/frames.h): the owner decodes and sums the frames it
   // receives, frames its sum with the sum's own exponent, and the allgather moves frames.
   Issued allreduce_frames(const at::Tensor& t, const Plan& p, const Timing& timing);
   // `parts` (part q, staged as 16 bits or as a frame, for rank q) go out in one alltoall_base; the
   // restore sums the rows into `output` (Device::sum_wide, or frames::sum), never rounding to the
-  // wire.
+  // wire. Unframed, from kOwnerChunks x kOwnerChunkBytes of wire on, the parts go in column chunks
+  // into one buffer of rows, each chunk summed in fp32 where the stage was already sent; the restore
+  // scales those sums into `output` (docs/design.md, "Numerics", Memory).
   Issued reduce_scatter_fp32_sums(const std::vector<at::Tensor>& parts, const at::Tensor& output, const Plan& p,
+                                  const Timing& timing);
+  Issued reduce_scatter_in_chunks(const std::vector<at::Tensor>& parts, const at::Tensor& output, const Plan& p,
                                   const Timing& timing);
   // Whether a reduction of `numel` elements takes the forms above. Frames carry empty tensors
   // too: no engine reduces an 8-bit wire.

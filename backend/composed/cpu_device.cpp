@@ -47,7 +47,8 @@ class CpuDevice final : public Device {
   }
 
   void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) override {
-    at::Tensor sums = at::empty({rows.size(1)}, rows.options().dtype(at::kFloat));
+    const bool direct = wide.scalar_type() == at::kFloat && wide.is_contiguous();
+    at::Tensor sums = direct ? wide : at::empty({rows.size(1)}, rows.options().dtype(at::kFloat));
     compress::sum(row_pointers(rows).data(), size_t(rows.size(0)), sums.data_ptr<float>(), size_t(rows.size(1)),
                   plan.wire);
     write_scaled_sums(sums, wide, plan.post_scale);

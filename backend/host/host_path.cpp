@@ -201,10 +201,16 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
     } catch (const std::exception& e) {
       const std::string what = errors::message_of(e);
       if (broken_.empty()) broken_ = what;
-      // Only a call that began (a broken group's fails before it, on the last collective's number). Ranks
-      // of other hosts may wait on this one across hosts, where only a notice reaches them.
+      // Only a call that began (a broken group's fails before it, on the last collective's number). Every
+      // rank learns it at its next wait on this one, in this call or a later one (a call may fail on some
+      // ranks only): in shared memory, on the group's Comm, and across hosts, where only a notice
+      // reaches a rank that waits on the per-host Comm. Not after abort() or shutdown(): this rank stops,
+      // the others are not told to.
       if (shm_ && posts) shm_->publish_failure(what);
-      if (cross_ && posts) cross_->notify_peers(what);
+      if (posts && !comm_->aborted()) {
+        comm_->notify_peers(what);
+        if (cross_) cross_->notify_peers(what);
+      }
       // The steps hold every tensor the call's messages read or write.
       if (posts) comm_->keep_until_quiesced(std::make_shared<std::vector<Step>>(steps));
       const char* left = call.on_failure;

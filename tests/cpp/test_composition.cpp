@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -47,11 +48,12 @@ Config fp32_sums_config() {
 
 // One rank's composition over the double, on streams run in `order`.
 struct Rig {
-  explicit Rig(Streams::Order order = Streams::Order::kAdversarial, const Config& config = base_config(), int rank = 0)
+  explicit Rig(Streams::Order order = Streams::Order::kAdversarial, const Config& config = base_config(), int rank = 0,
+               int world = kWorld)
       : streams(order),
-        engine(c10::make_intrusive<StreamEngine>(streams, rank, kWorld)),
+        engine(c10::make_intrusive<StreamEngine>(streams, rank, world)),
         device(std::make_shared<StreamDevice>(streams)),
-        composition(Engine{engine, "nccl-like"}, device, config, &stats, rank, kWorld) {}
+        composition(Engine{engine, "nccl-like"}, device, config, &stats, rank, world) {}
 
   // `x`, written into a fresh tensor by a kernel on the caller's stream: the collective's cast must
   // run after it.
@@ -274,14 +276,12 @@ TEST(StreamOrder, APremulSumTensorFactorIsReadOncePerTensor) {
   EXPECT_EQ(rig.device->premul_devices.size(), ts.size());
 }
 
-// An allreduce with fp32 sums holds, to its restore, the 16-bit contributions sent, those received and
-// its own part's sum, and the gathered result lands in the buffer sent (the all-to-all that read it ran
-// first): 2 + 2 + 2/R bytes per element, 4.5 at these 4 ranks (6.5 with a buffer of its own; the GPU
-// measured 8 at world size 1 before).
-TEST(Composition, AnAllreduceWithFp32SumsGathersIntoTheBufferItSent) {
-  const int64_t n = int64_t(1) << 14;  // below ATen's grain: no OpenMP threads (uninstrumented under TSan)
-  Rig rig(Streams::Order::kIssue, fp32_sums_config());
-  std::vector<at::Tensor> ts{values(n)};
+// Peak bytes per element an allreduce of `x` holds on `rank` (a counting allocator standing for the
+// caching allocator), and x's result.
+std::pair<double, at::Tensor> allreduce_peak(const Config& config, const at::Tensor& x, int rank,
+                                             Streams::Order order = Streams::Order::kIssue, int world = kWorld) {
+  Rig rig(order, config, rank, world);
+  std::vector<at::Tensor> ts{rig.produced(x)};
   int64_t peak = 0;
   {
     cnccl::testing::CountingAllocator counting;
@@ -289,9 +289,75 @@ TEST(Composition, AnAllreduceWithFp32SumsGathersIntoTheBufferItSent) {
     rig.streams.run();
     peak = counting.peak();
   }
-  EXPECT_LE(double(peak) / double(n), 4.6) << "bytes per element held by the call";
+  return {double(peak) / double(x.numel()), rig.observe(ts[0])};
+}
+
+// An allreduce with fp32 sums holds, to its restore, the 16-bit contributions sent and those received:
+// its own part's sum lands in its row of the buffer sent, and the allgather gathers there in place.
+// 2 + 2 bytes per element below 4 MiB of stage (4.5 at these 4 ranks with a sum buffer of its own, 6.5
+// with a gathered buffer too; the GPU measured 8 at world size 1 before).
+TEST(Composition, AnAllreduceWithFp32SumsSumsAndGathersInTheBufferItSent) {
+  const int64_t n = int64_t(1) << 14;  // below ATen's grain: no OpenMP threads (uninstrumented under TSan)
+  const auto [peak, got] = allreduce_peak(fp32_sums_config(), values(n), 0);
+  EXPECT_LE(peak, 4.01) << "bytes per element held by the call";
   // The double's peers hold what this rank holds: this rank's own part is the one to check.
-  EXPECT_TRUE(at::equal(ts[0].narrow(0, 0, n / kWorld), expected_sum(values(n), 1.0, 1.0).narrow(0, 0, n / kWorld)));
+  EXPECT_TRUE(at::equal(got.narrow(0, 0, n / kWorld), expected_sum(values(n), 1.0, 1.0).narrow(0, 0, n / kWorld)));
+}
+
+// From 4 MiB of stage on the all-to-all goes in four column chunks through one buffer each way, each
+// chunk summed before the next is received: 2 + 4/4 bytes per element (the issue's goal for fp32 sums:
+// 3, against the hook's 2). In adversarial order a chunk received before the last one's sum read the
+// rows, or copied out before the engine read the last, gives a wrong part. Every rank's part is checked:
+// each owns different columns of every chunk.
+TEST(Composition, ALargeAllreduceWithFp32SumsGoesToTheOwnersInChunksThroughOneBuffer) {
+  at::set_num_threads(1);  // 2M elements: ATen's own loops stay on this thread (TSan)
+  const int64_t n = (int64_t(1) << 21) + 7, part = (n + kWorld - 1) / kWorld;
+  const at::Tensor x = values(n);
+  const at::Tensor want = expected_sum(x, 1.0, 1.0);
+  for (auto order : kOrders) {
+    for (int rank = 0; rank < kWorld; ++rank) {
+      const auto [peak, got] = allreduce_peak(fp32_sums_config(), x, rank, order);
+      EXPECT_LE(peak, 3.01) << order_name(order) << ", rank " << rank << ": bytes per element held by the call";
+      const int64_t first = rank * part, len = std::min(part, n - first);
+      EXPECT_TRUE(at::equal(got.narrow(0, first, len), want.narrow(0, first, len)))
+          << order_name(order) << ", rank " << rank << ": its part";
+    }
+  }
+}
+
+// Stochastic rounding in chunks: an allreduce chunk's owner sum rounds its elements with the dither of
+// their place in the tensor, as one sum of the whole part would (the CPU device's codec, run once over
+// the part, is the oracle). Three ranks: three equal values' sum is not always a 16-bit value.
+TEST(Composition, ChunkedCallsRoundStochasticallyByEachElementsPlace) {
+  at::set_num_threads(1);
+  Config config = fp32_sums_config();
+  config.rounding = Rounding::kStochastic;
+  config.sr_seed = 1234;
+  constexpr int kWorld = 3;
+  const int64_t part = (int64_t(1) << 21) / kWorld + 1000, n = part * kWorld;  // past 4 MiB of stage
+  const at::Tensor x = values(n).mul(1.0 / 3.0);
+  const int rank = 2;
+  const at::Tensor got = allreduce_peak(config, x, rank, Streams::Order::kIssue, kWorld).second;
+  const Plan p = plan_reduction(config, at::kFloat, x.nbytes(), RedOp::SUM, 1.0, kWorld);
+  ASSERT_TRUE(p.stochastic && p.fp32_sum && !p.framed);
+  const auto cpu = make_cpu_device();
+  const at::Tensor wire = at::empty({n}, x.options().dtype(at::kHalf));
+  cpu->cast(x, wire, p, compress::contribution_dither(config.sr_seed, 0, rank), 0);
+  // The double's peers send what this rank sends: every row of this rank's part is its own.
+  const at::Tensor rows = wire.narrow(0, rank * part, part).unsqueeze(0).repeat({kWorld, 1});
+  const at::Tensor sum = at::empty({part}, wire.options());
+  cpu->sum(rows, sum, p, compress::sum_dither(config.sr_seed, 0), uint64_t(rank * part));
+  const at::Tensor want = at::empty({part}, x.options());
+  cpu->restore(sum, want, p);
+  EXPECT_TRUE(at::equal(got.narrow(0, rank * part, part), want));
+
+  // A reduce_scatter's chunks cast every element with the dither of its place in the input: each peer's
+  // row of this rank's part is this rank's own cast of it, summed in fp32 (exact: three equal values).
+  Rig rig(Streams::Order::kAdversarial, config, rank, kWorld);
+  at::Tensor out = at::empty({part});
+  at::Tensor in = x.clone();
+  rig.composition.reduce_scatter_tensor(out, in, c10d::ReduceScatterOptions())->wait();
+  EXPECT_TRUE(at::equal(rig.observe(out), wire.narrow(0, rank * part, part).to(at::kFloat) * kWorld));
 }
 
 // A captured stochastic call would replay its dither: refused before anything is enqueued, naming
@@ -521,6 +587,48 @@ TEST(Composition, Fp32SumsReduceScatterNeverRoundsTheSumTo16Bits) {
   at::Tensor big = at::full({4 * 1000}, 30000.0f);
   rig.composition.reduce_scatter_tensor(out, big, c10d::ReduceScatterOptions())->wait();
   EXPECT_TRUE(at::equal(rig.observe(out), at::full({1000}, 120000.0f))) << out[0].item<float>();
+}
+
+// From 4 MiB of stage on, a reduce_scatter with fp32 sums sends its parts in four column chunks into one
+// buffer of rows, each chunk summed (fp32, unscaled) into the stage it was sent from; the restore scales
+// them into the output: 2 + 2/4 bytes per element of the input (4 in one piece; the issue's goal 3).
+// sum_scaling=world puts a scale on both sides, and an fp64 output widens the fp32 sum before its scale.
+// In adversarial order a chunk received before the last one was summed, or a sum written over a chunk
+// not yet sent, gives a wrong output.
+TEST(Composition, ALargeReduceScatterWithFp32SumsSumsInChunksWhereItSent) {
+  at::set_num_threads(1);  // as the allreduce's: 2M elements
+  const int64_t each = (int64_t(1) << 19) + 5;
+  Config config = fp32_sums_config();
+  config.sum_scaling = SumScaling::kWorld;
+  config.compress_fp64 = true;
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    for (auto order : kOrders) {
+      for (int rank = 0; rank < kWorld; ++rank) {
+        Rig rig(order, config, rank);
+        at::Tensor in = rig.produced(values(each * kWorld).mul(1.0 + rank).to(dtype));
+        at::Tensor out = at::full({each}, -1.0, in.options());
+        c10d::ReduceScatterOptions opts;
+        int64_t peak = 0;
+        {
+          cnccl::testing::CountingAllocator counting;
+          rig.composition.reduce_scatter_tensor(out, in, opts);
+          rig.streams.run();
+          peak = counting.peak();
+        }
+        EXPECT_LE(double(peak) / double(in.numel() * in.element_size() / 4), 2.51)
+            << order_name(order) << ", rank " << rank << ": bytes per fp32 element held by the call";
+        size_t all_to_alls = 0;
+        for (const auto& call : rig.engine->calls) all_to_alls += call.name == "alltoall_base";
+        EXPECT_EQ(all_to_alls, 4u);
+        // Every peer sends what this rank sends: its own part's 16-bit cast of x / world, kWorld times,
+        // summed in fp32, then times the world (both exact: kWorld is a power of two).
+        const at::Tensor own = values(each * kWorld).mul(1.0 + rank).to(dtype).narrow(0, rank * each, each);
+        const at::Tensor wire = (own.to(at::kFloat) * float(1.0 / kWorld)).to(at::kHalf).to(at::kFloat);
+        const at::Tensor want = (wire * kWorld).to(dtype) * kWorld;
+        EXPECT_TRUE(at::equal(rig.observe(out), want)) << order_name(order) << ", rank " << rank << ", " << dtype;
+      }
+    }
+  }
 }
 
 TEST(Composition, Fp32SumsFailureOfTheAllToAllFailsTheWorkAndLeavesTheTensor) {

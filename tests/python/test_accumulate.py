@@ -218,6 +218,36 @@ def stochastic_rounding_equals_its_emulation_bit_for_bit(ctx):
 
 
 @case
+def calls_past_four_mib_of_stage_sum_the_same_way(ctx):
+    """On the composed path (cpu_engine=gloo) these go to the owners in four chunks through one buffer
+    (docs/design.md, "Numerics", Memory): the same bits, dithers included, as every other path's."""
+    n = 2_200_003
+    x = ctx.gaussian(n)
+    t = x.clone()
+    dist.all_reduce(t, group=ctx.fp32["fp16"])
+    problem = first_difference(t, rank_order_sum(ctx.all_inputs(x), "fp16", 1.0).to(torch.float16).float())
+    assert problem is None, f"allreduce: {problem}"
+    t = x.clone()
+    want = stochastic_sum(ctx.all_inputs(x), "bf16", 1.0, ctx.sr_seq["bf16"])
+    dist.all_reduce(t, group=ctx.sr["bf16"])
+    ctx.sr_seq["bf16"] += 1
+    problem = first_difference(t, want)
+    assert problem is None, f"stochastic allreduce: {problem}"
+    each = n // ctx.world
+    x = ctx.gaussian(each * ctx.world)
+    parts = [v.chunk(ctx.world)[ctx.rank] for v in ctx.all_inputs(x)]
+    out = torch.empty(each)
+    dist.reduce_scatter_tensor(out, x, op=R.AVG, group=ctx.fp32["bf16"])
+    problem = first_difference(out, rank_order_sum(parts, "bf16", 1.0 / ctx.world))
+    assert problem is None, f"reduce_scatter_tensor: {problem}"
+    want = stochastic_sum(parts, "fp16", 1.0, ctx.sr_seq["fp16"], first=each * ctx.rank, round_result=False)
+    dist.reduce_scatter_tensor(out, x, group=ctx.sr["fp16"])
+    ctx.sr_seq["fp16"] += 1
+    problem = first_difference(out, want)
+    assert problem is None, f"stochastic reduce_scatter_tensor: {problem}"
+
+
+@case
 def stochastic_rounding_is_unbiased_where_nearest_even_is_not(ctx):
     n = 1 << 20
     for wire in WIRES:

@@ -399,10 +399,15 @@ void ShmComm::wait_one(int peer, Counter counter, uint64_t step) {
                ") exited before it reached this step of the collective",
            other);
     }
-    // A peer that failed this collective (publish_failure) posts nothing more in it.
+    // A peer that failed a collective (publish_failure) posts nothing more, in it or after it: its
+    // group is unusable. An earlier one counts too: a call can fail on some ranks only (a wire per
+    // level's reduce_scatter has no step inside a host after its step across hosts).
     for (int other = 0; other < size_; ++other) {
-      if (other == rank_ || control(other).failed.value.load(std::memory_order_acquire) != seq_ + 1) continue;
-      fail("rank " + std::to_string(global_rank(other)) + " failed this collective: " +
+      const uint64_t failed = control(other).failed.value.load(std::memory_order_acquire);
+      if (other == rank_ || failed == 0) continue;
+      fail("rank " + std::to_string(global_rank(other)) +
+               (failed == seq_ + 1 ? std::string(" failed this collective: ")
+                                   : " failed an earlier collective (seq " + std::to_string(failed - 1) + "): ") +
                peer_text(control(other).failure, kFailureBytes),
            other);
     }

@@ -90,8 +90,9 @@ void Comm::notify_peers(const std::string& what) {
   what.copy(notice_out_.data(), notice_out_.size() - 1);
   const uint64_t tag = tags::notice(rank());
   for (int peer = 0; peer < size(); ++peer) {
-    if (peer == rank()) continue;
-    // A peer whose connection failed must not hide the disagreement from the others.
+    // Not to a peer known dead: the wait below would be for a send that never completes.
+    if (peer == rank() || !peer_failure(peer).empty()) continue;
+    // A peer whose connection fails must not hide the notice from the others.
     try {
       notice_sends_.push_back(transport_->isend(peer, tag, notice_out_.data(), notice_out_.size()));
     } catch (const std::exception&) {

@@ -383,30 +383,50 @@ TEST(Shm, APeerThatExitedAfterPostingEverythingFailsNothing) {
   ::unlink(path);
 }
 
-TEST(Shm, ARankThatNeverArrivesFailsTheOthersAtTheirDeadline) {
+// Rank 0's error when it waits on rank 1 in collective `seq` with `timeout`, rank 1 having only done
+// `other` (its last collective's number, and what it did in it) and stayed connected.
+std::string error_waiting_on(const std::function<void(ShmComm&)>& other, uint64_t seq,
+                             std::chrono::milliseconds timeout) {
   auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(2);
-  std::atomic<bool> done{false};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      std::string why;
-      auto shm = ShmComm::connect(*store, r, 2, "memory", true, &why);
-      if (r == 1) {
-        while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        return;
-      }
-      try {
-        shm->begin("test", 0, std::chrono::milliseconds(200), "same");
-        shm->agree();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-      done = true;
-    });
+  std::string error;
+  std::atomic<bool> ready{false}, done{false};
+  std::thread peer([&] {
+    std::string why;
+    auto shm = ShmComm::connect(*store, 1, 2, "memory", true, &why);
+    other(*shm);
+    ready = true;
+    while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  std::string why;
+  auto shm = ShmComm::connect(*store, 0, 2, "memory", true, &why);
+  while (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  try {
+    shm->begin("test", seq, timeout, "same");
+    shm->agree();
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  for (auto& t : threads) t.join();
-  EXPECT_NE(errors[0].find("timed out after 200 ms waiting for rank 1"), std::string::npos) << errors[0];
+  done = true;
+  peer.join();
+  return error;
+}
+
+TEST(Shm, ARankThatNeverArrivesFailsTheOthersAtTheirDeadline) {
+  const std::string error = error_waiting_on([](ShmComm&) {}, 0, std::chrono::milliseconds(200));
+  EXPECT_NE(error.find("timed out after 200 ms waiting for rank 1"), std::string::npos) << error;
+}
+
+// A rank that failed a collective never posts again: a peer that finished that one and waits on it in
+// the next fails at once, naming the failure, instead of timing out at its deadline (30 s here).
+TEST(Shm, APeerThatFailedAnEarlierCollectiveFailsTheNextAtOnce) {
+  const std::string error = error_waiting_on(
+      [](ShmComm& shm) {
+        shm.begin("test", 7, std::chrono::seconds(30), "same");
+        shm.publish_failure("its peer across hosts died");
+      },
+      8, std::chrono::seconds(30));
+  EXPECT_NE(error.find("rank 1 failed an earlier collective (seq 7): its peer across hosts died"), std::string::npos)
+      << error;
 }
 
 TEST(Shm, AbortWakesAWaitingRank) {
