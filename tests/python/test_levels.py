@@ -74,6 +74,9 @@ def cases():
     out.append(dict(kind="allreduce", inside="fp16", across="mxfp8", n=5003, op="sum", strided=True))
     out.append(dict(kind="allreduce", inside="bf16", across="e4m3", n=5003, op="sum", strided=True))
     out.append(dict(kind="reduce_scatter", inside="none", across="mxfp8", n=333, op="avg"))
+    # MX scales by mx_scale=floor at both levels.
+    out.append(dict(kind="allreduce", inside="mxfp8", across="mxfp4", n=3001, op="sum", mx_scale="floor"))
+    out.append(dict(kind="reduce_scatter", inside="mxfp4", across="mxfp8", n=301, op="sum", mx_scale="floor"))
     return out
 
 
@@ -157,11 +160,11 @@ def worker(outdir):
     results = []
     groups = {}
     for i, case in enumerate(cases()):
-        levels = (case["inside"], case["across"], case.get("sum_scaling", "none"))
+        levels = (case["inside"], case["across"], case.get("sum_scaling", "none"), case.get("mx_scale", "rceil"))
         if levels not in groups:
             groups[levels] = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
                 wire_dtype=case["inside"], inter_host_wire=case["across"], accumulate="fp32", min_bytes=0,
-                sum_scaling=levels[2]))
+                sum_scaling=levels[2], mx_scale=levels[3]))
         group = groups[levels]
         if i == 0:
             seen["config"] = {k: cnccl.config(group)[k] for k in ("wire_dtype", "inter_host_wire", "wire_levels")}
@@ -236,7 +239,8 @@ def check(tmp_path, hosts, per_host):
         world_scaled = case.get("sum_scaling") == "world"
         pre = {"avg": 1.0 / world, "premul": FACTOR}.get(case["op"], 1.0 / world if world_scaled else 1.0)
         post = world if world_scaled else 1.0
-        name = (f"{case['kind']} {case['inside']}|{case['across']} n={case['n']} {case['op']}" +
+        mx_scale = case.get("mx_scale", "rceil")
+        name = (f"{case['kind']} {case['inside']}|{case['across']} n={case['n']} {case['op']} mx_scale={mx_scale}" +
                 (" strided" if case.get("strided") else "") + (" sum_scaling=world" if world_scaled else ""))
         if case["kind"] == "reduce":
             total = sum(small_integers(i, r, case["n"]) for r in range(world))
@@ -245,10 +249,10 @@ def check(tmp_path, hosts, per_host):
             continue
         if case["kind"] == "allreduce":
             xs = [allreduce_input(case, i, r).contiguous() for r in range(world)]
-            want = [level_allreduce(xs, hosts, per_host, case["inside"], case["across"], pre, post)] * world
+            want = [level_allreduce(xs, hosts, per_host, case["inside"], case["across"], pre, post, mx_scale)] * world
         else:
             xs = [inputs(i, r, case["n"] * world) for r in range(world)]
-            want = level_reduce_scatter(xs, hosts, per_host, case["inside"], case["across"], pre, post)
+            want = level_reduce_scatter(xs, hosts, per_host, case["inside"], case["across"], pre, post, mx_scale)
         for r in range(world):
             got = outs[r][i]
             differ = (bits(got) != bits(want[r])).nonzero()

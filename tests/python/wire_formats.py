@@ -225,11 +225,11 @@ def mx_framed(x, wire, pre=1.0, mx_scale="rceil"):
 
 # A wire per level (docs/numerics.md, "A wire per level"): the host path's sums across hosts that share
 # memory inside each, emulated from every rank's input (rank h * per_host + l: host h, local rank l).
-def through_level(v, wire, pre=1.0):
+def through_level(v, wire, pre=1.0, mx_scale="rceil"):
     """v (fp32) times fp32(pre) as a level's owner decodes it: fp32 as it is ("none"), else framed."""
     if wire == "none":
         return v.float() * torch.tensor(pre, dtype=torch.float32).item()
-    return framed(v.float(), wire, pre)
+    return framed(v.float(), wire, pre, mx_scale)
 
 
 def _padded(v, n):
@@ -238,14 +238,14 @@ def _padded(v, n):
     return out
 
 
-def _level_sums(rows_by_host, count, hosts, inside, across, pre):
+def _level_sums(rows_by_host, count, hosts, inside, across, pre, mx_scale):
     """Level 1 per host: each row (one a local rank, `count` elements) through `inside`, added in local
     rank order. Level 2: each host's sums cut into `hosts` sub-parts, through `across`, added in host order."""
     sums = []
     for rows in rows_by_host:
         acc = None
         for row in rows:
-            d = through_level(_padded(row, count), inside, pre)
+            d = through_level(_padded(row, count), inside, pre, mx_scale)
             acc = d if acc is None else acc + d
         sums.append(acc)
     sub = count // hosts
@@ -253,15 +253,16 @@ def _level_sums(rows_by_host, count, hosts, inside, across, pre):
     for j in range(hosts):
         acc = None
         for s in sums:
-            d = through_level(s[j * sub:(j + 1) * sub], across)
+            d = through_level(s[j * sub:(j + 1) * sub], across, mx_scale=mx_scale)
             acc = d if acc is None else acc + d
         totals.append(acc)
     return totals
 
 
-def level_allreduce(inputs, hosts, per_host, inside, across, pre=1.0, post=1.0):
+def level_allreduce(inputs, hosts, per_host, inside, across, pre=1.0, post=1.0, mx_scale="rceil"):
     """An allreduce's result with a wire per level: local parts of ceil(n / per_host) rounded up to a
-    multiple of 32 x hosts, each host's sub-part sum through `across` once more, times fp32(post)."""
+    multiple of 32 x hosts, each host's sub-part sum through `across` once more, times fp32(post). MX
+    blocks at either level take their scales by `mx_scale`."""
     n = inputs[0].numel()
     align = 32 * hosts
     count = -(-(-(-n // per_host)) // align) * align
@@ -269,8 +270,8 @@ def level_allreduce(inputs, hosts, per_host, inside, across, pre=1.0, post=1.0):
     for l in range(per_host):
         lo, hi = min(n, l * count), min(n, (l + 1) * count)
         rows_by_host = [[inputs[h * per_host + q][lo:hi] for q in range(per_host)] for h in range(hosts)]
-        totals = _level_sums(rows_by_host, count, hosts, inside, across, pre)
-        out[lo:hi] = torch.cat([through_level(t, across) for t in totals])[:hi - lo] * _fp32(post)
+        totals = _level_sums(rows_by_host, count, hosts, inside, across, pre, mx_scale)
+        out[lo:hi] = torch.cat([through_level(t, across, mx_scale=mx_scale) for t in totals])[:hi - lo] * _fp32(post)
     return out
 
 
@@ -278,7 +279,7 @@ def _fp32(v):
     return torch.tensor(v, dtype=torch.float32).item()
 
 
-def level_reduce_scatter(inputs, hosts, per_host, inside, across, pre=1.0, post=1.0):
+def level_reduce_scatter(inputs, hosts, per_host, inside, across, pre=1.0, post=1.0, mx_scale="rceil"):
     """Each rank's output of a reduce_scatter_tensor with a wire per level (inputs: world x each elements):
     local part l is the chunks of ranks h * per_host + l in host order; the sub-part sums are not rounded."""
     world = hosts * per_host
@@ -289,6 +290,6 @@ def level_reduce_scatter(inputs, hosts, per_host, inside, across, pre=1.0, post=
         ranks = [h * per_host + l for h in range(hosts)]
         rows_by_host = [[torch.cat([chunk(inputs[h * per_host + q], r) for r in ranks]) for q in range(per_host)]
                         for h in range(hosts)]
-        for r, t in zip(ranks, _level_sums(rows_by_host, each * hosts, hosts, inside, across, pre)):
+        for r, t in zip(ranks, _level_sums(rows_by_host, each * hosts, hosts, inside, across, pre, mx_scale)):
             outputs[r] = t * _fp32(post)
     return outputs
