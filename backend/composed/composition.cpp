@@ -182,6 +182,20 @@ Composition::WorkPtr Composition::to_owners(const at::Tensor& sent, const at::Te
   return inner().alltoall_base(out, in, equal_splits, equal_splits, opts);
 }
 
+void Composition::wait_for_owners(const EngineCall& call, const std::vector<at::Tensor>& buffers) const {
+  try {
+    wait_for(*device_, call);
+  } catch (...) {
+    // gloo: the host waited, and the all-to-all failed; nothing was written back yet.
+    std::rethrow_exception(errors::as_backend_error(
+        std::current_exception(), "cnccl (over " + engine_.name + "): the all-to-all to the owners failed"));
+  }
+  // The engine dropped its references to the buffers at that wait (ProcessGroupNCCL unstashes them in
+  // synchronize()), and the call may yet fail before finish() keeps them: kept here on the stream that
+  // uses them next (record_stream holds a block until the streams it names pass the point of its release).
+  device_->keep(buffers);
+}
+
 int64_t Composition::owner_chunks(int64_t wire_bytes, int64_t part) {
   // Fewer chunks would save nothing: two hold what one does (the stage, twice half of it more).
   return wire_bytes >= kOwnerChunks * kOwnerChunkBytes && part >= kOwnerChunks ? kOwnerChunks : 1;
@@ -217,7 +231,7 @@ Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const 
     // make the caller's stream wait for the network (docs/design.md, "Stream order"). The engine
     // issues the next chunk after what that stream holds, the sum that read `rows` included.
     if (calls.size() == 1) on_restore_stream = restore_stream(*device_, timing.async_op);
-    wait_for(*device_, calls.back());
+    wait_for_owners(calls.back(), {sent, rows, outgoing});
     device_->sum(out.view({size_, cols}), mine.narrow(0, first, cols), p, sums, uint64_t(rank_ * part + first));
   }
   c10d::AllgatherOptions back;
@@ -241,7 +255,7 @@ Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Pla
   at::Tensor rows = at::empty_like(sent);
   EngineCall to_owners_call = called(to_owners(sent, rows, timing));
   const auto on_restore_stream = restore_stream(*device_, timing.async_op);
-  wait_for(*device_, to_owners_call);
+  wait_for_owners(to_owners_call, {sent, rows});
   at::Tensor mine = at::empty({1, frame}, sent.options());
   const at::Tensor sums = at::empty({part}, t.options().dtype(at::kFloat));
   device_->run([rows, mine, sums, p, part] {
@@ -314,7 +328,7 @@ Composition::Issued Composition::reduce_scatter_in_chunks(const std::vector<at::
     // As allreduce_fp32_sums's: the sums on the restore's stream, which the next chunk's engine call
     // waits on before it receives into `rows`.
     if (calls.size() == 1) on_restore_stream = restore_stream(*device_, timing.async_op);
-    wait_for(*device_, calls.back());
+    wait_for_owners(calls.back(), {store, rows});
     device_->sum_wide(out.view({size_, cols}), sums.narrow(0, first, cols), unscaled);
   }
   Staged staged{sums, output, p};

@@ -110,6 +110,8 @@ class Composition {
   static constexpr int64_t kOwnerChunkBytes = int64_t(1) << 20;
   // How many chunks the all-to-all of `wire_bytes` in parts of `part` elements goes in.
   static int64_t owner_chunks(int64_t wire_bytes, int64_t part);
+  // The current stream waits for an all-to-all to the owners, and keeps `buffers` for what it runs next.
+  void wait_for_owners(const EngineCall& call, const std::vector<at::Tensor>& buffers) const;
   // The same in frames (backend/frames.h): the owner decodes and sums the frames it
   // receives, frames its sum with the sum's own exponent, and the allgather moves frames.
   Issued allreduce_frames(const at::Tensor& t, const Plan& p, const Timing& timing);

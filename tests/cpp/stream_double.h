@@ -234,6 +234,10 @@ class StreamEngine : public c10d::Backend {
   };
   std::shared_ptr<Lifetime> lifetime = std::make_shared<Lifetime>();  // outlives the engine
   bool fail_next = false;           // the next async call's future fails (as gloo's do)
+  // The `throw_on_nth` call named `throw_on` throws at issue, as ProcessGroupNCCL's do on a communicator
+  // in error (C10D_NCCL_CHECK in ProcessGroupNCCL::collective), after the earlier calls were enqueued.
+  std::string throw_on;
+  int throw_on_nth = 1;
   // ENABLE_INTRA_NODE_COMM=1: allreduce runs its kernel on the caller's current stream and returns a
   // work that orders nothing and has no future (IntraNodeCommWork, torch's
   // csrc/distributed/c10d/symm_mem/intra_node_comm.hpp: wait() returns true, synchronize() and
@@ -379,6 +383,9 @@ class StreamEngine : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> issue(const char* name, const std::vector<at::Tensor>& tensors, RedOp op,
                                        bool async_op, std::function<void()> kernel) {
+    if (name == throw_on && --throw_on_nth == 0) {
+      C10_THROW_ERROR(DistBackendError, std::string(name) + ": NCCL communicator was aborted");
+    }
     Call call{name, {}, op, async_op};
     for (const auto& t : tensors) {
       call.dtypes.push_back(t.scalar_type());

@@ -325,6 +325,29 @@ TEST(Composition, ALargeAllreduceWithFp32SumsGoesToTheOwnersInChunksThroughOneBu
   }
 }
 
+// A call that throws at issue after earlier chunks were enqueued: the buffers those chunks and their
+// sums use were kept (record_stream on CUDA) before the throw drops the composition's references, so
+// the allocator cannot hand them to the caller's next tensor while the side stream still writes them.
+TEST(Composition, BuffersOfEnqueuedChunksAreKeptWhenALaterCallThrowsAtIssue) {
+  at::set_num_threads(1);
+  // The second chunk's all-to-all, or the allgather after the last.
+  for (const auto& [thrown, nth] : {std::pair{"alltoall_base", 2}, std::pair{"_allgather_base", 1}}) {
+    Rig rig(Streams::Order::kAdversarial, fp32_sums_config());
+    std::vector<at::Tensor> ts{rig.produced(values((int64_t(1) << 21) + 7))};
+    rig.engine->throw_on = thrown;
+    rig.engine->throw_on_nth = nth;
+    EXPECT_THROW(rig.composition.allreduce(ts, c10d::AllreduceOptions{}), c10::DistBackendError) << thrown;
+    ASSERT_FALSE(rig.engine->touched.empty()) << thrown;
+    for (const void* touched : rig.engine->touched) {
+      const bool kept = std::any_of(rig.device->kept.begin(), rig.device->kept.end(), [&](const auto& k) {
+        return k.data == touched && k.until.stream == rig.device->side_stream();
+      });
+      EXPECT_TRUE(kept) << thrown << ": a buffer an enqueued call used was never kept on the side stream";
+    }
+    rig.streams.run();
+  }
+}
+
 // Stochastic rounding in chunks: an allreduce chunk's owner sum rounds its elements with the dither of
 // their place in the tensor, as one sum of the whole part would (the CPU device's codec, run once over
 // the part, is the oracle). Three ranks: three equal values' sum is not always a 16-bit value.
