@@ -96,8 +96,9 @@ class ShmComm {
 
   void abort(const std::string& why);
   // Tells this host's peers that this rank failed the current collective, and why: a peer waiting on it
-  // there fails at once, naming it and `what`, instead of at the deadline. A rank may fail alone (a
-  // disagreement only its ring neighbours across hosts saw, a failure between hosts).
+  // there, or in any later collective, fails at once, naming it and `what`, instead of at the deadline.
+  // A rank may fail alone (a disagreement only its ring neighbours across hosts saw, a failure between
+  // hosts).
   void publish_failure(const std::string& what);
 
   // Bytes this rank wrote to its segment for its peers to read: its contributions to their parts
