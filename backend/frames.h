@@ -3,11 +3,11 @@
 // the wire format, padded to 4 bytes. The sender picks k from the part's own amax, so nothing is
 // agreed beforehand and no round trip is added; the receiver decodes exactly.
 //
-// Two implementations of one definition: the codec's CPU kernels (compress/codec.h) for CPU tensors,
-// and ATen operations for every other device, which run on its current stream without reading
-// anything back to the host. Every step is an fp32 or fp64 multiplication by an exact scale, an fp32
-// add, or a round-to-nearest-even conversion identical to torch's, so both give the same bits, and
-// so does a test's emulation in plain torch (tests/cpp/test_frames.cpp holds the two to it on the CPU).
+// These functions are the CPU kernels' form, on CPU tensors (compress/codec.h). The composed path's CUDA
+// device runs CUDA kernels of the same definition (compress/cuda_codec.h, frame_*), both built on the
+// scalar conversions of compress/formats.h; tests/cpp/test_frames.cpp holds the CPU form to an emulation
+// in ATen operations and, on a GPU, the CUDA kernels to the CPU form. One difference: a NaN's bytes (its
+// sign, its payload) may differ between the two; it decodes as NaN on both.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -24,9 +24,6 @@ at::ScalarType wire_dtype(compress::Wire wire);
 // Bytes of a frame holding `count` elements of `wire`.
 int64_t frame_bytes(int64_t count, compress::Wire wire);
 
-// Which implementation runs: the one for the tensors' device, or ATen's even on the CPU (tests).
-enum class Impl : uint8_t { kForDevice, kAten };
-
 // Writes frames[r] (uint8 [rows.size(), frame_bytes(count)]) from rows[r] (fp32 or fp64, flat, at most
 // `count` elements; a shorter row is padded with zeros) times `scale` (s = fp32(scale)). With
 // a = fp32(max_i |rows[r][i]| * |s|) (the product formed in the row's precision): if a is finite and
@@ -36,23 +33,27 @@ enum class Impl : uint8_t { kForDevice, kAten };
 // largest lands in [2^(emax-1), 2^emax): rounding up never overflows. An MX wire's frame is its blocks,
 // each scaled by `mx_scale`'s rule (compress::mx_encode); other wires ignore it.
 void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, compress::Wire wire,
-            compress::MxScale mx_scale, const at::Tensor& frames, Impl impl = Impl::kForDevice);
+            compress::MxScale mx_scale, const at::Tensor& frames);
 // `flat` cut into `parts` rows of `count` elements (the last ones short or empty).
 std::vector<at::Tensor> parts_of(const at::Tensor& flat, int64_t parts, int64_t count);
 
 // out (fp32 [count], contiguous) = each frame's values widened and multiplied by 2^-k, added in fp32
 // in the order given (one frame a rank, rank 0 first): compress::scaled_sum. Returns out.
 // Frames come from peers: an exponent outside [-126, 126] throws a DistBackendError naming the rank
-// (the frame's row) on the CPU kernels, and on ATen's form (nothing is read back) makes that frame's
-// values NaN. restore() alike, its rows being the owners' frames, row r from rank r.
-at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::Wire wire, const at::Tensor& out,
-               Impl impl = Impl::kForDevice);
+// (the frame's row); the CUDA kernels, which read nothing back, make that frame's values NaN.
+// restore() alike, its rows being the owners' frames, row r from rank r.
+at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::Wire wire, const at::Tensor& out);
+
+// out (one frame, bytes contiguous) = encode({sum(frames' rows)}, count, 1, wire, mx_scale): the owner's
+// sum framed again, without the sums ever in memory whole. `out` may be one of the rows of `frames`
+// ([ranks, frame_bytes(count)], rows of contiguous bytes).
+void sum_encode(const at::Tensor& frames, int64_t count, compress::Wire wire, compress::MxScale mx_scale,
+                const at::Tensor& out);
 
 // Writes the values of `frames` ([rows, frame_bytes(count)], row after row) into `dst` (fp32 or fp64,
 // any strides, at most rows * count elements): widen(payload) * fp32(post_scale * 2^-k), multiplied
 // in dst's precision as compress::restore does.
-void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, double post_scale, const at::Tensor& dst,
-             Impl impl = Impl::kForDevice);
+void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, double post_scale, const at::Tensor& dst);
 
 // --- A power-of-two frame in pieces, for the host path's pipelined reductions (the CPU kernels).
 // A piece is bytes [from, from + len) of a frame, cut at multiples of the wire's element bytes (the

@@ -221,7 +221,7 @@ def block_errors(n=1 << 20):
     x = torch.randn(n, generator=gen) * torch.exp(2 * torch.randn(n, generator=gen))
     out = {}
     for label, wire, rule in BLOCK_ERROR_RUNS:
-        decoded = _C._decode_frames(_C._encode_frames([x], n, 1.0, wire, False, rule), n, wire)[0]
+        decoded = _C._decode_frames(_C._encode_frames([x], n, 1.0, wire, rule), n, wire)[0]
         err = (decoded.double() - x.double()).abs()
         out[label] = {"l2": (err.norm() / x.double().norm()).item(),
                       "per_element": (err / x.double().abs()).mean().item(),

@@ -6,6 +6,14 @@
 #include <cstddef>
 #include <cstdint>
 
+// The small definitions both the CPU kernels and the CUDA ones use (here, formats.h, stochastic.h) are
+// compiled for both.
+#if defined(__CUDACC__)
+#define CNCCL_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define CNCCL_HOST_DEVICE inline
+#endif
+
 namespace cnccl::compress {
 
 // The 16-bit formats are what this codec's kernels take. The 8-bit ones (fp8 e4m3 with no
@@ -15,10 +23,12 @@ namespace cnccl::compress {
 // (kMxfp8) or e5m2 ones, MXFP4 with e2m1 elements, two a byte.
 enum class Wire : uint8_t { kFp16, kBf16, kE4m3, kE5m2, kMxfp8, kMxfp8E5m2, kMxfp4 };
 
-inline bool is_mx(Wire wire) { return wire == Wire::kMxfp8 || wire == Wire::kMxfp8E5m2 || wire == Wire::kMxfp4; }
+CNCCL_HOST_DEVICE bool is_mx(Wire wire) {
+  return wire == Wire::kMxfp8 || wire == Wire::kMxfp8E5m2 || wire == Wire::kMxfp4;
+}
 
 // Bytes of one element on the wire, for the formats that are not MX.
-inline size_t wire_bytes(Wire wire) { return wire == Wire::kFp16 || wire == Wire::kBf16 ? 2 : 1; }
+CNCCL_HOST_DEVICE size_t wire_bytes(Wire wire) { return wire == Wire::kFp16 || wire == Wire::kBf16 ? 2 : 1; }
 
 // What a cast met, counted when the caller asks (cnccl.stats(): docs/design.md, "Telemetry"):
 // values that were not finite when cast, and finite values past the wire's largest magnitude, which
@@ -145,8 +155,8 @@ inline constexpr size_t kMxBlock = 32;
 size_t mx_bytes(size_t n, Wire wire);
 // The exponent of an MX element type's largest binade (e4m3 8, e5m2 15, e2m1 2), and its largest
 // magnitude (448, 57344, 6).
-inline int mx_emax(Wire wire) { return wire == Wire::kMxfp8 ? 8 : wire == Wire::kMxfp8E5m2 ? 15 : 2; }
-inline float mx_largest(Wire wire) {
+CNCCL_HOST_DEVICE int mx_emax(Wire wire) { return wire == Wire::kMxfp8 ? 8 : wire == Wire::kMxfp8E5m2 ? 15 : 2; }
+CNCCL_HOST_DEVICE float mx_largest(Wire wire) {
   return wire == Wire::kMxfp8 ? 448.0f : wire == Wire::kMxfp8E5m2 ? 57344.0f : 6.0f;
 }
 // Writes the mx_bytes(count) of a run of `count` values, the n <= count of src and then +0s.
@@ -154,7 +164,7 @@ void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire,
 void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst);
 // The bits of L's significand past its leading one (1.75: 0x600000; 1.5: 0x400000): kRceil adds one to X
 // when amax's exceed them.
-inline uint32_t mx_largest_fraction(Wire wire) { return wire == Wire::kMxfp4 ? 0x400000u : 0x600000u; }
+CNCCL_HOST_DEVICE uint32_t mx_largest_fraction(Wire wire) { return wire == Wire::kMxfp4 ? 0x400000u : 0x600000u; }
 // dst[i] = ((decode(in[0])[i] + decode(in[1])[i]) + ...) + decode(in[k-1])[i] in fp32; decoding,
 // element times 2^X, is exact.
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "compress/cpu_kernels.h"
+#include "compress/formats.h"
 
 namespace cnccl::compress {
 namespace {
@@ -13,61 +14,18 @@ namespace {
 using detail::bits_of;
 using detail::float_of;
 
-// An 8-bit format: mantissa bits, exponent bias, and what a value past its largest becomes.
-struct Fp8 {
-  uint32_t mantissa_bits;
-  uint32_t bias;
-  // The code of anything that rounds past the largest finite value. e5m2: inf. e4m3 has no inf:
-  // NaN, not torch's saturation to 448, so that an overflow (an inf gradient) stays visible.
-  uint8_t overflow;
-};
-constexpr Fp8 kE4m3{3, 7, 0x7F};
-constexpr Fp8 kE5m2{2, 15, 0x7C};
+using formats::Fp8;
 
-const Fp8& format(Wire w) { return w == Wire::kE4m3 ? kE4m3 : kE5m2; }
-
-uint8_t fp8_of(float f, const Fp8& fp8) {
-  const uint32_t x = bits_of(f);
-  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
-  const uint32_t ax = x & 0x7FFFFFFFu;
-  if (ax > 0x7F800000u) return sign | 0x7F;
-  const uint32_t shift = 23 - fp8.mantissa_bits;
-  const uint32_t min_normal = (128 - fp8.bias) << 23;  // 2^(1 - bias)
-  if (ax < min_normal) {
-    // Below the smallest normal the step is 2^(1 - bias - m): adding 2^(1 - bias - m + 23) makes the
-    // fp32 adder round there, to nearest even, and the low bits are the 8-bit code (up to the
-    // smallest normal, whose code follows the subnormals').
-    const float big = float_of((128 - fp8.bias - fp8.mantissa_bits + 23) << 23);
-    return sign | static_cast<uint8_t>(bits_of(float_of(ax) + big) - bits_of(big));
-  }
-  const uint32_t rounded = ax + ((1u << (shift - 1)) - 1) + ((ax >> shift) & 1u);
-  const uint32_t code = (rounded >> shift) - ((127 - fp8.bias) << fp8.mantissa_bits);
-  return sign | static_cast<uint8_t>(code >= fp8.overflow ? fp8.overflow : code);
-}
+Fp8 format(Wire w) { return formats::fp8_format(w); }
+uint8_t fp8_of(float f, const Fp8& fp8) { return formats::fp8_code(f, fp8); }
 
 // The 256 values of an 8-bit format, exactly.
 struct Table {
   float value[256];
   explicit Table(const Fp8& fp8) {
-    for (uint32_t code = 0; code < 256; ++code) {
-      const uint32_t magnitude = code & 0x7F, exponent = magnitude >> fp8.mantissa_bits;
-      const uint32_t mantissa = magnitude & ((1u << fp8.mantissa_bits) - 1);
-      float v;
-      if (magnitude == 0x7F || (fp8.overflow == 0x7C && exponent == (0x7Fu >> fp8.mantissa_bits) && mantissa)) {
-        v = NAN;
-      } else if (fp8.overflow == 0x7C && magnitude == 0x7C) {
-        v = INFINITY;
-      } else if (exponent == 0) {
-        v = std::ldexp(static_cast<float>(mantissa), 1 - int(fp8.bias) - int(fp8.mantissa_bits));
-      } else {
-        v = std::ldexp(static_cast<float>(mantissa | (1u << fp8.mantissa_bits)),
-                       int(exponent) - int(fp8.bias) - int(fp8.mantissa_bits));
-      }
-      value[code] = code & 0x80 ? -v : v;
-    }
+    for (uint32_t code = 0; code < 256; ++code) value[code] = formats::fp8_value(uint8_t(code), fp8);
   }
 };
-
 
 // out = widen(in[first..first+n)) * scale, by the scalar kernels.
 void decode(const void* in, size_t first, float* out, size_t n, float scale, Wire wire) {
@@ -84,7 +42,7 @@ namespace detail {
 uint8_t to_fp8(float f, Wire w) { return fp8_of(f, format(w)); }
 
 const float* fp8_values(Wire w) {
-  static const Table e4m3(kE4m3), e5m2(kE5m2);
+  static const Table e4m3(format(Wire::kE4m3)), e5m2(format(Wire::kE5m2));
   return (w == Wire::kE4m3 ? e4m3 : e5m2).value;
 }
 
@@ -95,7 +53,7 @@ float scalar_amax_f32(const float* src, size_t n) {
 }
 
 void scalar_cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w) {
-  const Fp8& fp8 = format(w);
+  const Fp8 fp8 = format(w);
   for (size_t i = 0; i < n; ++i) dst[i] = fp8_of(src[i] * scale, fp8);
 }
 
@@ -135,7 +93,7 @@ double amax(const double* src, size_t n) {
 }
 
 void cast(const double* src, uint8_t* dst, size_t n, float scale, Wire wire) {
-  const Fp8& fp8 = format(wire);
+  const Fp8 fp8 = format(wire);
   const double s = scale;
   for (size_t i = 0; i < n; ++i) dst[i] = fp8_of(static_cast<float>(src[i] * s), fp8);
   const detail::CensusSink& sink = detail::census_sink();

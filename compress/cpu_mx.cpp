@@ -11,6 +11,7 @@
 #endif
 
 #include "compress/cpu_kernels.h"
+#include "compress/formats.h"
 
 namespace cnccl::compress {
 namespace detail {
@@ -52,17 +53,7 @@ class GradualUnderflow {
 
 size_t element_bytes(size_t n, Wire wire) { return wire == Wire::kMxfp4 ? (n + 1) / 2 : n; }
 
-// The scale 2^X of a block's code X + 127: 0xFF is NaN (a non-finite block), 0 the subnormal 2^-127.
-float scale_of(uint8_t code) {
-  if (code == 0xFF) return NAN;
-  return code ? float_of(uint32_t(code) << 23) : 0x1p-127f;
-}
-
-// e2m1's codes of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6, rounding a in [0, 6] to nearest even:
-// a tie goes to the even code (0.25 to 0, 0.75 to 1, 1.25 to 1, 1.75 to 2, 2.5 to 2, 3.5 to 4, 5 to 4).
-uint8_t e2m1_code(float a) {
-  return uint8_t((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f));
-}
+float scale_of(uint8_t code) { return formats::mx_scale_value(code); }
 
 // One block's m <= 32 values v, already scaled: its scale code, and its elements written at `out`
 // (for MXFP4, m / 2 bytes and a low nibble for an odd m).
@@ -80,11 +71,7 @@ uint8_t encode_block(const float* v, size_t m, const MxBlockFormat& f, MxScale r
     if (census) census->nonfinite += nonfinite;
     return 0xFF;
   }
-  // floor(log2(amax)) is amax's exponent field less the bias; a subnormal or zero amax gives -127,
-  // which the clamp keeps where the true floor (below -127) would have gone. RCEIL's increment comes
-  // before the clamp: below it, the clamp's -127 already holds L * 2^X >= amax.
-  const int rceil = rule == MxScale::kRceil && (amax & 0x7FFFFFu) > f.fraction;
-  const int x = std::clamp(int(amax >> 23) - 127 - f.emax + rceil, -127, 127);
+  const int x = formats::mx_exponent(amax, f.emax, f.fraction, rule);
   const float inverse = float_of(uint32_t(127 - x) << 23);  // 2^-X: X <= 128 - emax keeps it normal
   size_t saturated = 0;
   if (f.element == Wire::kMxfp4) {
@@ -93,7 +80,7 @@ uint8_t encode_block(const float* v, size_t m, const MxBlockFormat& f, MxScale r
       const float q = v[j] * inverse;
       const float a = std::fabs(q);
       saturated += a > f.max;
-      const uint8_t code = uint8_t((std::signbit(q) ? 8 : 0) | e2m1_code(std::min(a, f.max)));
+      const uint8_t code = uint8_t((std::signbit(q) ? 8 : 0) | formats::e2m1_code(std::min(a, f.max)));
       out[j / 2] |= uint8_t(j % 2 ? code << 4 : code);
     }
   } else {

@@ -3,10 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <stdexcept>
-#include <string>
-
 #include "compress/cuda_codec.h"
+#include "compress/cuda_launch.h"
 
 namespace cnccl::compress::cuda {
 namespace {
@@ -81,24 +79,6 @@ __global__ void sum_stochastic(const uint16_t* rows, size_t k, size_t stride, ui
     dst[i] = narrow(stochastic_grid_value(row_sum(rows, k, stride, i, w), random_bits(d, first + i), w), w);
 }
 
-constexpr int kThreads = 256;
-
-int blocks_for(size_t work) {
-  static const int max_blocks = [] {
-    int device = 0, sms = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    return sms > 0 ? sms * 8 : 1024;
-  }();
-  const size_t needed = (work + kThreads - 1) / kThreads;
-  return static_cast<int>(needed < size_t(max_blocks) ? needed : size_t(max_blocks));
-}
-
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string("cnccl ") + what + ": " + cudaGetErrorString(err));
-}
-
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 }  // namespace
@@ -108,18 +88,21 @@ void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, cud
   size_t head = 0;
   if (aligned(src, 16) && aligned(dst, 8)) {
     const size_t n4 = n / 4;
-    if (n4) cast_vec4<<<blocks_for(n4), kThreads, 0, stream>>>(reinterpret_cast<const float4*>(src),
+    if (n4) cast_vec4<<<launch::blocks_for(n4), launch::kThreads, 0, stream>>>(reinterpret_cast<const float4*>(src),
                                                                reinterpret_cast<ushort4*>(dst), n4, scale, wire);
     head = n4 * 4;
   }
-  if (head < n) cast_scalar<<<blocks_for(n - head), kThreads, 0, stream>>>(src + head, dst + head, n - head, scale, wire);
-  check_launch("cast kernel");
+  if (head < n) {
+    cast_scalar<<<launch::blocks_for(n - head), launch::kThreads, 0, stream>>>(src + head, dst + head, n - head,
+                                                                               scale, wire);
+  }
+  launch::check("cast kernel");
 }
 
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream) {
   if (n == 0) return;
-  cast_scalar<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n, scale, wire);
-  check_launch("cast kernel");
+  cast_scalar<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire);
+  launch::check("cast kernel");
 }
 
 void restore(const uint16_t* src, float* dst, size_t n, float scale, Wire wire, cudaStream_t stream) {
@@ -127,60 +110,61 @@ void restore(const uint16_t* src, float* dst, size_t n, float scale, Wire wire, 
   size_t head = 0;
   if (aligned(src, 8) && aligned(dst, 16)) {
     const size_t n4 = n / 4;
-    if (n4) restore_vec4<<<blocks_for(n4), kThreads, 0, stream>>>(reinterpret_cast<const ushort4*>(src),
+    if (n4) restore_vec4<<<launch::blocks_for(n4), launch::kThreads, 0, stream>>>(reinterpret_cast<const ushort4*>(src),
                                                                   reinterpret_cast<float4*>(dst), n4, scale, wire);
     head = n4 * 4;
   }
   if (head < n)
-    restore_scalar<<<blocks_for(n - head), kThreads, 0, stream>>>(src + head, dst + head, n - head, scale, wire);
-  check_launch("restore kernel");
+    restore_scalar<<<launch::blocks_for(n - head), launch::kThreads, 0, stream>>>(src + head, dst + head,
+                                                                                  n - head, scale, wire);
+  launch::check("restore kernel");
 }
 
 void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire, cudaStream_t stream) {
   if (n == 0) return;
-  restore_scalar<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n, scale, wire);
-  check_launch("restore kernel");
+  restore_scalar<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire);
+  launch::check("restore kernel");
 }
 
 void sum(const uint16_t* rows, size_t k, size_t stride, uint16_t* dst, size_t n, Wire wire, cudaStream_t stream) {
   if (n == 0) return;
-  sum_narrow<<<blocks_for(n), kThreads, 0, stream>>>(rows, k, stride, dst, n, wire);
-  check_launch("sum kernel");
+  sum_narrow<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(rows, k, stride, dst, n, wire);
+  launch::check("sum kernel");
 }
 
 void sum(const uint16_t* rows, size_t k, size_t stride, float* dst, size_t n, float scale, Wire wire,
          cudaStream_t stream) {
   if (n == 0) return;
-  sum_wide<<<blocks_for(n), kThreads, 0, stream>>>(rows, k, stride, dst, n, scale, wire);
-  check_launch("sum kernel");
+  sum_wide<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(rows, k, stride, dst, n, scale, wire);
+  launch::check("sum kernel");
 }
 
 void sum(const uint16_t* rows, size_t k, size_t stride, double* dst, size_t n, float scale, Wire wire,
          cudaStream_t stream) {
   if (n == 0) return;
-  sum_wide<<<blocks_for(n), kThreads, 0, stream>>>(rows, k, stride, dst, n, scale, wire);
-  check_launch("sum kernel");
+  sum_wide<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(rows, k, stride, dst, n, scale, wire);
+  launch::check("sum kernel");
 }
 
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
           cudaStream_t stream) {
   if (n == 0) return;
-  cast_stochastic<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n, scale, wire, dither, first);
-  check_launch("stochastic cast kernel");
+  cast_stochastic<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire, dither, first);
+  launch::check("stochastic cast kernel");
 }
 
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
           cudaStream_t stream) {
   if (n == 0) return;
-  cast_stochastic<<<blocks_for(n), kThreads, 0, stream>>>(src, dst, n, scale, wire, dither, first);
-  check_launch("stochastic cast kernel");
+  cast_stochastic<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire, dither, first);
+  launch::check("stochastic cast kernel");
 }
 
 void sum(const uint16_t* rows, size_t k, size_t stride, uint16_t* dst, size_t n, Wire wire, const Dither& dither,
          uint64_t first, cudaStream_t stream) {
   if (n == 0) return;
-  sum_stochastic<<<blocks_for(n), kThreads, 0, stream>>>(rows, k, stride, dst, n, wire, dither, first);
-  check_launch("stochastic sum kernel");
+  sum_stochastic<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(rows, k, stride, dst, n, wire, dither, first);
+  launch::check("stochastic sum kernel");
 }
 
 }  // namespace cnccl::compress::cuda

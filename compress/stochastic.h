@@ -8,12 +8,6 @@
 
 #include "compress/codec.h"
 
-#if defined(__CUDACC__)
-#define CNCCL_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define CNCCL_HOST_DEVICE inline
-#endif
-
 namespace cnccl::compress {
 
 // Whose random bits an element takes: Philox4x32-10 keyed by `seed` (low word first), at counter

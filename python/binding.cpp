@@ -1,11 +1,13 @@
 // cnccl._C: the Python face of ProcessGroupCNCCL and its Options, as subclasses of torch's own
 // c10d Backend and Backend.Options bindings.
+#include <c10/core/DeviceGuard.h>
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
 
+#include "backend/composed/device.h"
 #include "backend/frames.h"
 #include "backend/process_group.h"
 #include "backend/release_gate.h"
@@ -161,26 +163,30 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
         return d;
       }, "The settings in force after defaults, CNCCL_* variables and Options are combined.");
 
-  // The frames of a wire (backend/frames.h) on the CPU, for tests that hold them to an independent
-  // oracle (torchao's MX encoding) and to the device's form: `rows` become [len(rows), bytes] frames
-  // of `count` elements each; `aten` picks ATen's form (what CUDA tensors take) over the kernels;
-  // `mx_scale` is an MX block's scale rule (rceil or floor).
+  // The frames of a wire (backend/frames.h) on the rows' device, through the composed path's device
+  // (the CPU kernels, or the CUDA ones), for tests that hold them to an independent oracle (torchao's
+  // MX encoding) and the CUDA kernels to the CPU's: `rows` become [len(rows), bytes] frames of `count`
+  // elements each; `mx_scale` is an MX block's scale rule (rceil or floor).
   m.def("_encode_frames", [](const std::vector<at::Tensor>& rows, int64_t count, double scale, const std::string& wire,
-                             bool aten, const std::string& mx_scale) {
-    const cnccl::compress::Wire w = framed_wire(wire);
-    at::Tensor frames = at::empty({int64_t(rows.size()), cnccl::frames::frame_bytes(count, w)},
-                                  rows.empty() ? at::TensorOptions(at::kByte) : rows[0].options().dtype(at::kByte));
-    cnccl::frames::encode(rows, count, scale, w, cnccl::parse_mx_scale(mx_scale, "mx_scale"), frames,
-                          aten ? cnccl::frames::Impl::kAten : cnccl::frames::Impl::kForDevice);
+                             const std::string& mx_scale) {
+    cnccl::Plan plan;
+    plan.wire = framed_wire(wire);
+    plan.pre_scale = scale;
+    plan.mx_scale = cnccl::parse_mx_scale(mx_scale, "mx_scale");
+    const at::TensorOptions options = rows.empty() ? at::TensorOptions(at::kByte) : rows[0].options().dtype(at::kByte);
+    at::Tensor frames = at::empty({int64_t(rows.size()), cnccl::frames::frame_bytes(count, plan.wire)}, options);
+    const c10::DeviceGuard guard(frames.device());
+    cnccl::composed::make_device_for(frames.device())->encode_frames(rows, count, plan, frames);
     return frames;
-  }, py::arg("rows"), py::arg("count"), py::arg("scale"), py::arg("wire"), py::arg("aten") = false,
-     py::arg("mx_scale") = "rceil");
-  m.def("_decode_frames", [](const at::Tensor& frames, int64_t count, const std::string& wire, bool aten) {
-    const cnccl::compress::Wire w = framed_wire(wire);
+  }, py::arg("rows"), py::arg("count"), py::arg("scale"), py::arg("wire"), py::arg("mx_scale") = "rceil");
+  m.def("_decode_frames", [](const at::Tensor& frames, int64_t count, const std::string& wire) {
+    cnccl::Plan plan;
+    plan.wire = framed_wire(wire);
     at::Tensor out = at::empty({frames.size(0) * count}, frames.options().dtype(at::kFloat));
-    cnccl::frames::restore(frames, count, w, 1.0, out, aten ? cnccl::frames::Impl::kAten : cnccl::frames::Impl::kForDevice);
+    const c10::DeviceGuard guard(frames.device());
+    cnccl::composed::make_device_for(frames.device())->restore_frames(frames, count, plan, out);
     return out.view({frames.size(0), count});
-  }, py::arg("frames"), py::arg("count"), py::arg("wire"), py::arg("aten") = false);
+  }, py::arg("frames"), py::arg("count"), py::arg("wire"));
 
   m.def("build_info", [] {
     py::dict d;

@@ -69,12 +69,11 @@ void unstage(Device& device, const Composition::Staged& s) {
     write_scaled_sums(s.stage, out, s.plan.post_scale);
   } else if (s.plan.framed && s.rows) {
     // Frames, [ranks, frame bytes]: every rank's frame of this rank's part (reduce_scatter).
-    const at::Tensor sums = at::empty({out.numel()}, out.options().dtype(at::kFloat));
-    write_scaled_sums(frames::sum(s.stage.unbind(0), out.numel(), s.plan.wire, sums), out, s.plan.post_scale);
+    device.sum_frames_wide(s.stage, out.numel(), s.plan, out);
   } else if (s.plan.framed) {
     // Every owner's frame of its part's sum (allreduce, parts of ceil(n / ranks)).
     const int64_t ranks = s.stage.size(0);
-    frames::restore(s.stage, (out.numel() + ranks - 1) / ranks, s.plan.wire, s.plan.post_scale, out);
+    device.restore_frames(s.stage, (out.numel() + ranks - 1) / ranks, s.plan, out);
   } else if (s.rows) {
     device.sum_wide(s.stage, out, s.plan);
   } else if (s.plan.compress) {
@@ -246,29 +245,57 @@ Composition::Issued Composition::allreduce_fp32_sums(const at::Tensor& t, const 
   return {std::move(calls), {sent.narrow(0, 0, n), t, p}, std::move(buffers)};
 }
 
+Composition::FramesAtOwners Composition::frames_to_owners(const at::Tensor& frames, const Timing& timing) {
+  FramesAtOwners at;
+  const int64_t frame = frames.size(1);
+  if (frames.nbytes() < kFrameChunks * kOwnerChunkBytes || frame < kFrameChunks * 4) {
+    at.frames = at::empty_like(frames);
+    at.calls.push_back(called(to_owners(frames, at.frames, timing)));
+    at.buffers = {frames, at.frames};
+    return at;
+  }
+  // Whole 4-byte words a chunk (every frame is).
+  const int64_t width = (frame / 4 + kFrameChunks - 1) / kFrameChunks * 4;
+  const at::Tensor outgoing = at::empty({size_ * width}, frames.options()), incoming = at::empty_like(outgoing);
+  at.frames = frames;
+  at.buffers = {frames, outgoing, incoming};
+  for (int64_t first = 0; first < frame; first += width) {
+    const int64_t cols = std::min(width, frame - first);
+    const at::Tensor columns = frames.narrow(1, first, cols);
+    const at::Tensor in = outgoing.narrow(0, 0, size_ * cols).view({size_, cols});
+    const at::Tensor out = incoming.narrow(0, 0, size_ * cols).view({size_, cols});
+    // On the stream of the copy before: the engine's read of the last chunk was waited for there.
+    device_->run([in, columns] { in.copy_(columns); });
+    at.calls.push_back(called(to_owners(in, out, timing)));
+    // As allreduce_fp32_sums's: the copies, the next chunk and what follows on the restore's stream.
+    if (at.calls.size() == 1) at.on_restore_stream = restore_stream(*device_, timing.async_op);
+    wait_for_owners(at.calls.back(), at.buffers);
+    // Columns already sent take what came back for them.
+    device_->run([columns, out] { columns.copy_(out); });
+  }
+  at.waited = true;
+  return at;
+}
+
 Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Plan& p, const Timing& timing) {
-  const int64_t n = t.numel(), part = (n + size_ - 1) / size_, frame = frames::frame_bytes(part, p.wire);
-  at::Tensor sent = at::empty({size_, frame}, t.options().dtype(at::kByte));
-  device_->run([t, p, sent, part, size = size_] {
-    frames::encode(frames::parts_of(flat(t), size, part), part, p.pre_scale, p.wire, p.mx_scale, sent);
-  });
-  at::Tensor rows = at::empty_like(sent);
-  EngineCall to_owners_call = called(to_owners(sent, rows, timing));
-  const auto on_restore_stream = restore_stream(*device_, timing.async_op);
-  wait_for_owners(to_owners_call, {sent, rows});
-  at::Tensor mine = at::empty({1, frame}, sent.options());
-  const at::Tensor sums = at::empty({part}, t.options().dtype(at::kFloat));
-  device_->run([rows, mine, sums, p, part] {
-    const compress::CensusSamplesPaused not_a_contribution;
-    frames::encode({frames::sum(rows.unbind(0), part, p.wire, sums)}, part, 1.0, p.wire, p.mx_scale, mine);
-  });
-  at::Tensor gathered = sent;  // as allreduce_fp32_sums's
-  at::Tensor gathered_flat = gathered.view({-1}), mine_flat = mine.view({-1});
+  const int64_t n = t.numel(), part = (n + size_ - 1) / size_;
+  const at::Tensor sent = at::empty({size_, frames::frame_bytes(part, p.wire)}, t.options().dtype(at::kByte));
+  device_->encode_frames(frames::parts_of(flat(t), size_, part), part, p, sent);
+  FramesAtOwners at = frames_to_owners(sent, timing);
+  if (!at.waited) {
+    at.on_restore_stream = restore_stream(*device_, timing.async_op);
+    wait_for_owners(at.calls.back(), at.buffers);
+  }
+  // The owner's frame of its sums takes the place of its own contribution's, and the allgather gathers
+  // around it in place (as allreduce_fp32_sums's).
+  const at::Tensor mine = at.frames[rank_];
+  device_->sum_frames(at.frames, part, p, mine);
+  at::Tensor gathered = at.frames.view({-1}), mine_flat = mine.view({-1});
   c10d::AllgatherOptions back;
   back.timeout = timing.timeout;
   back.asyncOp = timing.async_op;
-  EngineCall allgather_call = called(inner()._allgather_base(gathered_flat, mine_flat, back));
-  return {{to_owners_call, allgather_call}, {gathered, t, p}, {sent, rows, mine}};
+  at.calls.push_back(called(inner()._allgather_base(gathered, mine_flat, back)));
+  return {std::move(at.calls), {at.frames, t, p}, std::move(at.buffers)};
 }
 
 Composition::Issued Composition::reduce_scatter_fp32_sums(const std::vector<at::Tensor>& parts,
@@ -279,15 +306,17 @@ Composition::Issued Composition::reduce_scatter_fp32_sums(const std::vector<at::
   if (!p.framed && size_ >= 2 && owner_chunks(2 * each * size_, each) > 1) {
     return reduce_scatter_in_chunks(parts, output, p, timing);
   }
-  at::Tensor sent;
   if (p.framed) {
-    sent = at::empty({size_, frames::frame_bytes(each, p.wire)}, output.options().dtype(at::kByte));
-    device_->run([parts, each, p, sent] { frames::encode(parts, each, p.pre_scale, p.wire, p.mx_scale, sent); });
-  } else {
-    sent = stage(output, p, each * size_).view({size_, each});
-    const compress::Dither contributions = dithers(p, each).first;
-    for (int i = 0; i < size_; ++i) stage_into(parts[i], sent[i], p, contributions, uint64_t(i * each));
+    const at::Tensor sent = at::empty({size_, frames::frame_bytes(each, p.wire)}, output.options().dtype(at::kByte));
+    device_->encode_frames(parts, each, p, sent);
+    FramesAtOwners at = frames_to_owners(sent, timing);
+    Staged staged{at.frames, output, p};
+    staged.rows = true;
+    return {std::move(at.calls), staged, std::move(at.buffers)};
   }
+  const at::Tensor sent = stage(output, p, each * size_).view({size_, each});
+  const compress::Dither contributions = dithers(p, each).first;
+  for (int i = 0; i < size_; ++i) stage_into(parts[i], sent[i], p, contributions, uint64_t(i * each));
   at::Tensor rows = at::empty_like(sent);
   EngineCall call = called(to_owners(sent, rows, timing));
   Staged staged{rows, output, p};

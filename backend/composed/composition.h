@@ -113,11 +113,28 @@ class Composition {
   // The current stream waits for an all-to-all to the owners, and keeps `buffers` for what it runs next.
   void wait_for_owners(const EngineCall& call, const std::vector<at::Tensor>& buffers) const;
   // The same in frames (backend/frames.h): the owner decodes and sums the frames it
-  // receives, frames its sum with the sum's own exponent, and the allgather moves frames.
+  // receives, frames its sum with the sum's own exponent where its own frame was, and the allgather
+  // moves frames around it.
   Issued allreduce_frames(const at::Tensor& t, const Plan& p, const Timing& timing);
-  // `parts` (part q, staged as 16 bits or as a frame, for rank q) go out in one alltoall_base; the
-  // restore sums the rows into `output` (Device::sum_wide, or frames::sum), never rounding to the
-  // wire. Unframed, from kOwnerChunks x kOwnerChunkBytes of wire on, the parts go in column chunks
+  // Frames ([ranks, frame bytes], row q for rank q) at their owners: `frames` then holds every rank's
+  // frame for this one, rank 0 first. From kFrameChunks x kOwnerChunkBytes of frames on, the all-to-all
+  // goes in kFrameChunks column chunks through one buffer each way, each chunk received into the columns
+  // it was sent from, so that the call holds (1 + 2/kFrameChunks) x the frames' bytes (docs/design.md,
+  // "Numerics", Memory); `waited` then, and the chunks' copies ran on the restore's stream, which stays
+  // current while `on_restore_stream` lives. Below, `frames` is a second buffer the engine receives into.
+  struct FramesAtOwners {
+    at::Tensor frames;
+    std::vector<EngineCall> calls;
+    std::vector<at::Tensor> buffers;
+    bool waited = false;
+    std::shared_ptr<void> on_restore_stream;
+  };
+  FramesAtOwners frames_to_owners(const at::Tensor& frames, const Timing& timing);
+  static constexpr int64_t kFrameChunks = 8;
+  // `parts` (part q, staged as 16 bits or as a frame, for rank q) go out in one alltoall_base (frames:
+  // frames_to_owners); the restore sums the rows into `output` (Device::sum_wide, or
+  // Device::sum_frames_wide), never rounding to the wire. Unframed, from kOwnerChunks x kOwnerChunkBytes
+  // of wire on, the parts go in column chunks
   // into one buffer of rows, each chunk summed in fp32 where the stage was already sent; the restore
   // scales those sums into `output` (docs/design.md, "Numerics", Memory).
   Issued reduce_scatter_fp32_sums(const std::vector<at::Tensor>& parts, const at::Tensor& output, const Plan& p,

@@ -2,9 +2,16 @@
 // work (torch's gloo worker, or the caller for an engine that finished synchronously). It has no
 // streams: every operation runs at once, so every event is reached when it is recorded.
 #include "backend/composed/device.h"
+#include "backend/frames.h"
 #include "backend/wide_data.h"
 #include "compress/codec.h"
 #include "compress/stochastic.h"
+
+#if CNCCL_WITH_CUDA
+namespace cnccl::cuda {
+std::shared_ptr<composed::Device> make_cuda_device();  // backend/cuda/cuda_device.cpp
+}
+#endif
 
 namespace cnccl::composed {
 namespace {
@@ -54,6 +61,23 @@ class CpuDevice final : public Device {
     write_scaled_sums(sums, wide, plan.post_scale);
   }
 
+  void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan,
+                     const at::Tensor& frames) override {
+    frames::encode(rows, count, plan.pre_scale, plan.wire, plan.mx_scale, frames);
+  }
+  void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out) override {
+    frames::sum_encode(frames, count, plan.wire, plan.mx_scale, out);
+  }
+  void sum_frames_wide(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) override {
+    const bool direct = wide.scalar_type() == at::kFloat;
+    const at::Tensor sums = direct ? wide : at::empty({count}, wide.options().dtype(at::kFloat));
+    frames::sum(frames.unbind(0), count, plan.wire, sums);
+    write_scaled_sums(sums, wide, plan.post_scale);
+  }
+  void restore_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) override {
+    frames::restore(frames, count, plan.wire, plan.post_scale, wide);
+  }
+
   void run(const std::function<void()>& work) override { work(); }
 
   // The host's program order is the only stream: what ran has its results in memory.
@@ -86,5 +110,13 @@ class CpuDevice final : public Device {
 }  // namespace
 
 std::shared_ptr<Device> make_cpu_device() { return std::make_shared<CpuDevice>(); }
+
+std::shared_ptr<Device> make_device_for(const c10::Device& device) {
+#if CNCCL_WITH_CUDA
+  if (device.is_cuda()) return cuda::make_cuda_device();
+#endif
+  TORCH_CHECK_VALUE(device.is_cpu(), "cnccl: this build has no composed path for tensors on ", device);
+  return make_cpu_device();
+}
 
 }  // namespace cnccl::composed

@@ -52,6 +52,18 @@ class Device {
   // wide = (rows[0] + rows[1] + ... in fp32) * plan.post_scale, unrounded (as restore() treats a
   // widened 16-bit value).
   virtual void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) = 0;
+  // Power-of-two frames and MX blocks (backend/frames.h: plan.wire, plan.mx_scale), none with a
+  // temporary the size of a row (docs/design.md, "Numerics", Memory).
+  // frames ([rows.size(), frame_bytes(count)] bytes) = each row (at most `count` values, fp32 or fp64,
+  // contiguous) times plan.pre_scale, framed.
+  virtual void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan,
+                             const at::Tensor& frames) = 0;
+  // out (one frame; it may be a row of `frames`) = the frame of the fp32 sums of frames' rows, rank order.
+  virtual void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out) = 0;
+  // wide (contiguous, `count` values) = those sums times plan.post_scale, unrounded (write_scaled_sums).
+  virtual void sum_frames_wide(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) = 0;
+  // wide (contiguous, at most rows x count values) = the frames' values, row after row, times plan.post_scale.
+  virtual void restore_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) = 0;
   // Runs `work`: ATen operations on tensor data, which are device work like the codec's (CUDA and
   // CPU call it at once: ATen enqueues on the current stream by itself).
   virtual void run(const std::function<void()>& work) = 0;
@@ -77,5 +89,8 @@ class Device {
 };
 
 std::shared_ptr<Device> make_cpu_device();
+// The device of tensors on `device`: the CPU's, or CUDA's in a build with the CUDA path; any other
+// throws a ValueError naming it.
+std::shared_ptr<Device> make_device_for(const c10::Device& device);
 
 }  // namespace cnccl::composed

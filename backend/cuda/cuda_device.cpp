@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "backend/cuda/nccl_engine.h"
+#include "backend/frames.h"
 #include "backend/wide_data.h"
 #include "compress/cuda_codec.h"
 
@@ -85,6 +86,29 @@ class StreamEvent final : public composed::Event {
   std::optional<at::cuda::CUDAEvent> event_;
 };
 
+cudaStream_t stream_of(const at::Tensor& t) { return at::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+// A frame kernel's workspace (a few bytes a rank), on t's device; the caching allocator keeps it for
+// the current stream's kernels when it is released.
+at::Tensor frame_workspace(const at::Tensor& t, int64_t ranks) {
+  return at::empty({int64_t(compress::cuda::frame_workspace_bytes(size_t(ranks)))}, t.options().dtype(at::kByte));
+}
+
+// The frame kernels read rows of whole frames, `stride` bytes apart, with int32 headers and 16-bit values
+// at their natural alignment (a misaligned access would end the CUDA context).
+void check_frames(const at::Tensor& frames, int64_t count, const Plan& plan) {
+  TORCH_CHECK(frames.is_cuda() && frames.scalar_type() == at::kByte && frames.dim() == 2 && frames.stride(1) == 1 &&
+                  frames.size(1) == frames::frame_bytes(count, plan.wire) && frames.stride(0) % 4 == 0 &&
+                  reinterpret_cast<uintptr_t>(frames.const_data_ptr()) % 4 == 0,
+              "cnccl: CUDA frame kernels take [rows, ", frames::frame_bytes(count, plan.wire),
+              "] uint8 rows of whole frames, 4-byte aligned");
+}
+
+void check_wide(const at::Tensor& wide, const at::Tensor& frames, int64_t most) {
+  TORCH_CHECK(wide.device() == frames.device() && wide.is_contiguous() && wide.numel() <= most,
+              "cnccl: CUDA frame kernels write a contiguous tensor of at most ", most, " values on ", frames.device());
+}
+
 class CudaDevice final : public composed::Device {
  public:
   ~CudaDevice() override {
@@ -146,6 +170,59 @@ class CudaDevice final : public composed::Device {
     with_wide_data(wide, [&](auto* dst) {
       compress::cuda::sum(src, size_t(rows.size(0)), size_t(rows.stride(0)), dst, size_t(rows.size(1)),
                           float(plan.post_scale), plan.wire, stream);
+    });
+  }
+
+  void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan,
+                     const at::Tensor& frames) override {
+    check_frames(frames, count, plan);
+    TORCH_CHECK(frames.size(0) == int64_t(rows.size()), "cnccl: ", rows.size(), " rows for ", frames.size(0),
+                " frames");
+    const c10::cuda::CUDAGuard guard(frames.device());
+    const cudaStream_t stream = stream_of(frames);
+    const at::Tensor workspace = frame_workspace(frames, rows.size());
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const at::Tensor x = rows[r].contiguous();
+      TORCH_CHECK(x.device() == frames.device() && x.numel() <= count, "cnccl: a row of at most ", count,
+                  " values on ", frames.device(), " to frame");
+      uint8_t* frame = frames[int64_t(r)].mutable_data_ptr<uint8_t>();
+      with_wide_data(static_cast<const char*>(x.const_data_ptr()), x.scalar_type(), [&](const auto* src) {
+        compress::cuda::frame_encode(src, size_t(x.numel()), size_t(count), float(plan.pre_scale), plan.wire,
+                                     plan.mx_scale, frame, workspace.mutable_data_ptr(), stream);
+      });
+    }
+  }
+
+  void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out) override {
+    check_frames(frames, count, plan);
+    check_frames(out.view({1, -1}), count, plan);
+    TORCH_CHECK(out.device() == frames.device(), "cnccl: a frame sum's output on ", out.device());
+    const c10::cuda::CUDAGuard guard(frames.device());
+    compress::cuda::frame_sum_encode(frames.const_data_ptr<uint8_t>(), size_t(frames.size(0)), size_t(frames.stride(0)),
+                                     size_t(count), plan.wire, plan.mx_scale, out.mutable_data_ptr<uint8_t>(),
+                                     frame_workspace(frames, frames.size(0)).mutable_data_ptr(), stream_of(frames));
+  }
+
+  void sum_frames_wide(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) override {
+    check_frames(frames, count, plan);
+    check_wide(wide, frames, count);
+    TORCH_CHECK(wide.numel() == count, "cnccl: frame sums of ", count, " values into ", wide.numel());
+    const c10::cuda::CUDAGuard guard(frames.device());
+    const at::Tensor workspace = frame_workspace(frames, frames.size(0));
+    with_wide_data(wide, [&](auto* dst) {
+      compress::cuda::frame_sum(frames.const_data_ptr<uint8_t>(), size_t(frames.size(0)), size_t(frames.stride(0)),
+                                size_t(count), plan.wire, float(plan.post_scale), dst, workspace.mutable_data_ptr(),
+                                stream_of(frames));
+    });
+  }
+
+  void restore_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) override {
+    check_frames(frames, count, plan);
+    check_wide(wide, frames, frames.size(0) * count);
+    const c10::cuda::CUDAGuard guard(frames.device());
+    with_wide_data(wide, [&](auto* dst) {
+      compress::cuda::frame_restore(frames.const_data_ptr<uint8_t>(), size_t(frames.stride(0)), size_t(count),
+                                    plan.wire, float(plan.post_scale), dst, size_t(wide.numel()), stream_of(frames));
     });
   }
 

@@ -172,6 +172,19 @@ class StreamDevice final : public composed::Device {
   void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) override {
     defer("sum_wide", [cpu = cpu_, rows, wide, plan] { cpu->sum_wide(rows, wide, plan); });
   }
+  void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan,
+                     const at::Tensor& frames) override {
+    defer("encode_frames", [cpu = cpu_, rows, count, plan, frames] { cpu->encode_frames(rows, count, plan, frames); });
+  }
+  void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out) override {
+    defer("sum_frames", [cpu = cpu_, frames, count, plan, out] { cpu->sum_frames(frames, count, plan, out); });
+  }
+  void sum_frames_wide(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) override {
+    defer("sum_frames_wide", [cpu = cpu_, frames, count, plan, wide] { cpu->sum_frames_wide(frames, count, plan, wide); });
+  }
+  void restore_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) override {
+    defer("restore_frames", [cpu = cpu_, frames, count, plan, wide] { cpu->restore_frames(frames, count, plan, wide); });
+  }
   void run(const std::function<void()>& work) override { defer("aten", work); }
 
   composed::EventPtr record() override { return std::make_shared<Event>(streams_, streams_.record(streams_.current())); }

@@ -15,6 +15,7 @@
 
 #include "backend/composed/composed_path.h"
 #include "backend/composed/composition.h"
+#include "backend/frames.h"
 #include "backend/process_group.h"
 #include "tests/cpp/counting_allocator.h"
 #include "tests/cpp/gloo_double.h"
@@ -650,6 +651,106 @@ TEST(Composition, ALargeReduceScatterWithFp32SumsSumsInChunksWhereItSent) {
         const at::Tensor want = (wire * kWorld).to(dtype) * kWorld;
         EXPECT_TRUE(at::equal(rig.observe(out), want)) << order_name(order) << ", rank " << rank << ", " << dtype;
       }
+    }
+  }
+}
+
+constexpr compress::Wire kFramedWires[] = {compress::Wire::kFp16,  compress::Wire::kBf16,       compress::Wire::kE4m3,
+                                            compress::Wire::kE5m2,  compress::Wire::kMxfp8,      compress::Wire::kMxfp8E5m2,
+                                            compress::Wire::kMxfp4};
+
+// Every part in a frame (backend/frames.h): power-of-two frames for the 16- and 8-bit wires, MX blocks.
+Config framed_config(compress::Wire wire) {
+  Config config = fp32_sums_config();
+  config.wire = wire;
+  if (!compress::is_mx(wire)) config.scaling = Scaling::kPow2;
+  return config;
+}
+
+// What an allreduce in frames gives part q on kWorld ranks that all hold x: x's part q framed, the
+// owner's fp32 sum of kWorld copies of that frame framed again, decoded. Written with frames.h's CPU
+// functions one step at a time (test_frames.cpp holds them to an emulation in ATen operations).
+at::Tensor expected_in_frames(const at::Tensor& x, compress::Wire wire, int64_t q) {
+  const int64_t n = x.numel(), part = (n + kWorld - 1) / kWorld, bytes = frames::frame_bytes(part, wire);
+  const at::Tensor own = frames::parts_of(x, kWorld, part)[size_t(q)];
+  at::Tensor sent = at::empty({1, bytes}, at::kByte), summed = at::empty({1, bytes}, at::kByte);
+  frames::encode({own}, part, 1.0, wire, compress::MxScale::kRceil, sent);
+  const at::Tensor sums = frames::sum(sent.expand({kWorld, bytes}).contiguous().unbind(0), part, wire, at::empty({part}));
+  frames::encode({sums}, part, 1.0, wire, compress::MxScale::kRceil, summed);
+  at::Tensor out = at::empty({own.numel()});
+  frames::restore(summed, part, wire, 1.0, out);
+  return out;
+}
+
+size_t calls_named(const StreamEngine& engine, const std::string& name) {
+  size_t count = 0;
+  for (const auto& call : engine.calls) count += call.name == name;
+  return count;
+}
+
+// In frames the owner's sum is framed again over its own contribution's frame and the allgather gathers
+// around it: the call holds one buffer of frames and, from 8 MiB of frames on, one chunk each way of an
+// all-to-all in eight: (1 + 2/8) x the frames' bytes, at most 2.5 bytes an element on every framed wire
+// (the goal). Here 4M elements: 2 x 1.25 for the 16-bit frames, in eight chunks; the 8-bit
+// frames 2 x 1 and MX 2 x 1.03 or 2 x 0.53, unchunked (whole rows of ATen operations took 12-54 bytes
+// an element on the GPU). In adversarial order a chunk copied out before the last one's all-to-all
+// read `outgoing`, or received before the last was copied back, gives a wrong part.
+TEST(Composition, AnAllreduceInFramesHoldsOneBufferOfFramesAndTwoChunks) {
+  at::set_num_threads(1);  // 4M elements: ATen's own loops stay on this thread (TSan)
+  const int64_t n = (int64_t(1) << 22) + 7, part = (n + kWorld - 1) / kWorld;
+  const at::Tensor x = values(n).mul_(at::linspace(1e-3, 1e3, n));
+  for (compress::Wire wire : kFramedWires) {
+    for (auto order : kOrders) {
+      for (int rank : {0, kWorld - 1}) {
+        Rig rig(order, framed_config(wire), rank);
+        std::vector<at::Tensor> ts{rig.produced(x)};
+        int64_t peak = 0;
+        {
+          cnccl::testing::CountingAllocator counting;
+          rig.composition.allreduce(ts, c10d::AllreduceOptions{});
+          rig.streams.run();
+          peak = counting.peak();
+        }
+        const std::string what = std::string(compress::wire_name(wire)) + ", " + order_name(order) + ", rank " +
+                                 std::to_string(rank);
+        EXPECT_LE(double(peak) / double(n), 2.51) << what << ": bytes per element held by the call";
+        EXPECT_EQ(calls_named(*rig.engine, "alltoall_base"), compress::wire_bytes(wire) == 2 && !compress::is_mx(wire)
+                                                                ? 8u : 1u) << what;
+        const int64_t first = rank * part, len = std::min(part, n - first);
+        EXPECT_TRUE(at::equal(rig.observe(ts[0]).narrow(0, first, len), expected_in_frames(x, wire, rank))) << what;
+      }
+    }
+  }
+}
+
+// A reduce_scatter in frames sums every rank's frame of its part into the output: the frames and, from
+// 8 MiB of them on, two chunks; 2.5 bytes per fp32 element of the input at most (FSDP's reduce-scatter).
+TEST(Composition, AReduceScatterInFramesSumsIntoTheOutputFromOneBufferOfFrames) {
+  at::set_num_threads(1);
+  const int64_t each = (int64_t(1) << 20) + 3;
+  for (compress::Wire wire : kFramedWires) {
+    for (auto order : kOrders) {
+      const int rank = 1;
+      Rig rig(order, framed_config(wire), rank);
+      const at::Tensor x = values(each * kWorld);
+      at::Tensor in = rig.produced(x);
+      at::Tensor out = at::full({each}, -1.0f);
+      int64_t peak = 0;
+      {
+        cnccl::testing::CountingAllocator counting;
+        rig.composition.reduce_scatter_tensor(out, in, c10d::ReduceScatterOptions());
+        rig.streams.run();
+        peak = counting.peak();
+      }
+      const std::string what = std::string(compress::wire_name(wire)) + ", " + order_name(order);
+      EXPECT_LE(double(peak) / double(in.numel()), 2.51) << what << ": bytes per input element held by the call";
+      // Every rank sends this rank's part in the same frame: the output is kWorld of its values, in fp32.
+      const int64_t bytes = frames::frame_bytes(each, wire);
+      at::Tensor frame = at::empty({1, bytes}, at::kByte);
+      frames::encode({x.narrow(0, rank * each, each)}, each, 1.0, wire, compress::MxScale::kRceil, frame);
+      const at::Tensor want =
+          frames::sum(frame.expand({kWorld, bytes}).contiguous().unbind(0), each, wire, at::empty({each}));
+      EXPECT_TRUE(at::equal(rig.observe(out), want)) << what;
     }
   }
 }

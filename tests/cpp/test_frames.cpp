@@ -1,7 +1,7 @@
-// Power-of-two frames (backend/frames.h): the CPU kernels and the ATen operations that CUDA tensors
-// take must give the same bits; both run here on CPU tensors, on values chosen to reach every branch
-// of the definition (zeros, NaN and inf, values past fp32's and the wire's ranges, short and empty
-// rows, fp32 and fp64, scales that are not powers of two).
+// Power-of-two frames and MX blocks (backend/frames.h): the CPU kernels against an emulation in ATen
+// operations (frames_aten.h), on values chosen to reach every branch of the definition (zeros, NaN and
+// inf, values past fp32's and the wire's ranges, short and empty rows, fp32 and fp64, scales that are
+// not powers of two). The CUDA kernels are held to the CPU kernels in test_codec_cuda.cpp.
 #include <gtest/gtest.h>
 
 
@@ -13,14 +13,14 @@
 #include <limits>
 #include <map>
 
+#include "backend/composed/device.h"
 #include "backend/frames.h"
-#include "tests/cpp/counting_allocator.h"
+#include "tests/cpp/frames_aten.h"
 
 namespace cnccl::frames {
 namespace {
 
 using compress::Wire;
-using testing::CountingAllocator;
 
 std::vector<at::Tensor> rows_of(at::ScalarType dtype, int64_t count) {
   at::manual_seed(5);
@@ -83,22 +83,22 @@ TEST(Frames, KernelsAndAtenGiveTheSameBits) {
             at::Tensor kernels = at::empty({n, frame_bytes(count, w)}, at::kByte);
             at::Tensor aten = at::empty_like(kernels);
             encode(rows, count, scale, w, rule, kernels);
-            encode(rows, count, scale, w, rule, aten, Impl::kAten);
+            aten::encode(rows, count, scale, w, rule, aten);
             expect_same_frames(kernels, aten, count, w, "encode " + what);
 
             const auto frames = kernels.unbind(0);
             expect_same_bits(sum(frames, count, w, at::empty({count})),
-                             sum(frames, count, w, at::empty({count}), Impl::kAten), "sum " + what);
+                             aten::sum(frames, count, w, at::empty({count})), "sum " + what);
 
             for (at::ScalarType out : {at::kFloat, at::kDouble}) {
               at::Tensor a = at::empty({n * count - 2}, out), b = at::empty({n * count - 2}, out);
               restore(kernels, count, w, 3.0, a);
-              restore(kernels, count, w, 3.0, b, Impl::kAten);
+              aten::restore(kernels, count, w, 3.0, b);
               expect_same_bits(a, b, "restore " + what);
               at::Tensor strided = at::empty({2, n * count}, out).select(1, 0);  // a column: not contiguous
               at::Tensor c = at::empty({2}, out);
               restore(kernels, count, w, 1.0, strided);
-              restore(kernels, count, w, 1.0, c, Impl::kAten);
+              aten::restore(kernels, count, w, 1.0, c);
               expect_same_bits(strided, c, "strided restore " + what);
             }
           }
@@ -108,47 +108,33 @@ TEST(Frames, KernelsAndAtenGiveTheSameBits) {
   }
 }
 
-// The ATen forms work through a large row in pieces of an eighth of it: here, n = 8M elements, each
-// holds at most `bound` bytes per element beyond the frames and the output. Whole rows took: encode 6
-// (fp16) and 14 (e4m3), the owner's sum 5-6 and the restore 8; mxfp8 8, 13 and 12; mxfp4 12, 47 and 46.
-TEST(Frames, TheAtenFormsWorkInPiecesOfAnEighthOfARow) {
-  const int64_t count = int64_t(8) << 20;
-  for (Wire w : {Wire::kFp16, Wire::kE4m3, Wire::kMxfp8, Wire::kMxfp4}) {
-    std::vector<at::Tensor> rows{at::randn({count})};
-    rows[0][count - 3] = 300.0;  // the row's largest magnitude is in its last piece
-    at::Tensor frames = at::empty({1, frame_bytes(count, w)}, at::kByte);
-    at::Tensor out = at::empty({count});
-    int64_t encode_peak = 0, sum_peak = 0, restore_peak = 0;
-    {
-      CountingAllocator counting;
-      encode(rows, count, 1.0, w, compress::MxScale::kRceil, frames, Impl::kAten);
-      encode_peak = counting.peak();
+// The owner's sum framed again (sum_encode) gives the bytes of encode() of sum()'s fp32 sums, into a frame
+// of its own or over one of the frames it sums, whose values it reads before it writes them; rows long
+// enough for several of its pieces, with the largest sum in the last, and the edge rows of rows_of.
+TEST(Frames, SumEncodeGivesTheBitsOfTheSumsFramedInPlaceToo) {
+  for (Wire w : {Wire::kFp16, Wire::kBf16, Wire::kE4m3, Wire::kE5m2, Wire::kMxfp8, Wire::kMxfp8E5m2, Wire::kMxfp4}) {
+    for (int64_t count : {1, 33, 5000}) {
+      auto rows = rows_of(at::kFloat, count);
+      rows.push_back(at::randn({count}));
+      rows.back()[count - 1] = 300.0;
+      std::vector<std::vector<at::Tensor>> sets{rows};  // all of them, then every adjacent pair
+      for (size_t r = 0; r + 1 < rows.size(); ++r) sets.push_back({rows[r], rows[r + 1]});
+      for (size_t set = 0; set < sets.size(); ++set) {
+        const std::vector<at::Tensor>& some = sets[set];
+        const int64_t n = int64_t(some.size());
+        at::Tensor frames = at::empty({n, frame_bytes(count, w)}, at::kByte);
+        encode(some, count, 1.0, w, compress::MxScale::kRceil, frames);
+        at::Tensor want = at::empty({1, frames.size(1)}, at::kByte);
+        encode({sum(frames.unbind(0), count, w, at::empty({count}))}, count, 1.0, w, compress::MxScale::kRceil, want);
+        const std::string what = std::string(compress::wire_name(w)) + " count " + std::to_string(count) + " set " +
+                                 std::to_string(set);
+        at::Tensor apart = at::full_like(want, 0xAB);
+        sum_encode(frames, count, w, compress::MxScale::kRceil, apart[0]);
+        ASSERT_TRUE(at::equal(apart, want)) << what << ": " << apart.ne(want).sum().item<int64_t>() << " bytes differ";
+        sum_encode(frames, count, w, compress::MxScale::kRceil, frames[n - 1]);
+        ASSERT_TRUE(at::equal(frames[n - 1], want[0])) << what << " in place";
+      }
     }
-    {
-      CountingAllocator counting;
-      sum(frames.unbind(0), count, w, out, Impl::kAten);
-      sum_peak = counting.peak();
-    }
-    {
-      CountingAllocator counting;
-      restore(frames, count, w, 1.0, out, Impl::kAten);
-      restore_peak = counting.peak();
-    }
-    // Piece by piece, the bits of the kernels' whole rows.
-    at::Tensor kernels = at::empty_like(frames);
-    encode(rows, count, 1.0, w, compress::MxScale::kRceil, kernels);
-    expect_same_frames(kernels, frames, count, w, std::string("encode in pieces, ") + compress::wire_name(w));
-    expect_same_bits(sum(kernels.unbind(0), count, w, at::empty({count})), sum(kernels.unbind(0), count, w, at::empty({count}), Impl::kAten),
-                     std::string("sum in pieces, ") + compress::wire_name(w));
-    at::Tensor restored = at::empty({count});
-    restore(kernels, count, w, 1.0, restored);
-    expect_same_bits(restored, out, std::string("restore in pieces, ") + compress::wire_name(w));
-    // Bytes per element: encode, sum, restore (mxfp4 decodes through int32 nibbles).
-    const std::map<Wire, std::array<double, 3>> bound{{Wire::kFp16, {0.8, 0.6, 0.6}}, {Wire::kE4m3, {1.3, 0.6, 0.6}},
-                                                      {Wire::kMxfp8, {1.1, 0.6, 0.6}}, {Wire::kMxfp4, {1.6, 1.2, 1.2}}};
-    EXPECT_LE(double(encode_peak) / double(count), bound.at(w)[0]) << compress::wire_name(w) << " encode";
-    EXPECT_LE(double(sum_peak) / double(count), bound.at(w)[1]) << compress::wire_name(w) << " sum";
-    EXPECT_LE(double(restore_peak) / double(count), bound.at(w)[2]) << compress::wire_name(w) << " restore";
   }
 }
 
@@ -238,9 +224,8 @@ TEST(Frames, ThePowerOfTwoIsExactWhereNothingOverflowsOrUnderflows) {
 }
 
 // A peer's exponent outside [-126, 126] (corruption, another version): the kernels name the rank whose
-// frame it is, and the ATen form, which cannot raise on a device, decodes that frame as NaN and leaves
-// the other frames alone.
-TEST(Frames, AnExponentOutOfRangeNamesItsRankOrDecodesAsNaN) {
+// frame it is (the CUDA kernels, which cannot raise, decode it as NaN: test_codec_cuda.cpp).
+TEST(Frames, AnExponentOutOfRangeNamesItsRank) {
   const int64_t count = 64;
   std::vector<at::Tensor> rows{at::randn({count}), at::randn({count}), at::randn({count})};
   for (int32_t bad : {std::numeric_limits<int32_t>::min(), -127, 127, std::numeric_limits<int32_t>::max()}) {
@@ -250,7 +235,9 @@ TEST(Frames, AnExponentOutOfRangeNamesItsRankOrDecodesAsNaN) {
     const std::string k = std::to_string(bad);
     // The rows before the bad one are not written either: the caller's tensor stays as it was.
     at::Tensor untouched = at::full({3 * count}, 7.0f);
+    at::Tensor own = at::empty({frames.size(1)}, at::kByte);
     for (auto attempt : {std::function<void()>([&] { sum(frames.unbind(0), count, Wire::kE4m3, at::empty({count})); }),
+                         std::function<void()>([&] { sum_encode(frames, count, Wire::kE4m3, compress::MxScale::kRceil, own); }),
                          std::function<void()>([&] { restore(frames, count, Wire::kE4m3, 1.0, untouched); })}) {
       try {
         attempt();
@@ -261,14 +248,68 @@ TEST(Frames, AnExponentOutOfRangeNamesItsRankOrDecodesAsNaN) {
       }
     }
     EXPECT_TRUE(untouched.eq(7.0f).all().item<bool>()) << "exponent " << k << ": restore wrote rows before failing";
-    const at::Tensor summed = sum(frames.unbind(0), count, Wire::kE4m3, at::empty({count}), Impl::kAten);
-    EXPECT_TRUE(summed.isnan().all().item<bool>()) << "exponent " << k;
-    at::Tensor restored = at::empty({3 * count});
-    restore(frames, count, Wire::kE4m3, 1.0, restored, Impl::kAten);
-    EXPECT_TRUE(restored.narrow(0, count, count).isnan().all().item<bool>()) << "exponent " << k;
-    EXPECT_FALSE(restored.narrow(0, 0, count).isnan().any().item<bool>()) << "exponent " << k;
-    EXPECT_FALSE(restored.narrow(0, 2 * count, count).isnan().any().item<bool>()) << "exponent " << k;
   }
+}
+
+// The CUDA device's frame kernels (compress/cuda_frames.cu), as the composed path calls them, against the
+// CPU's: the frames of every wire from fp32 and fp64 rows (rows_of's edges among them), the owner's sum
+// framed again in place over the last row, those sums into fp32 and fp64 outputs, and the restore; a
+// header outside [-126, 126] decodes its frame as NaN. Skips without a GPU.
+TEST(Frames, TheCudaKernelsGiveTheBitsOfTheCpuKernels) {
+#if !CNCCL_WITH_CUDA
+  GTEST_SKIP() << "built without the CUDA path";
+#else
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA GPU on this machine: the CUDA frame kernels are built, not run";
+  const auto gpu = composed::make_device_for(at::Device(at::kCUDA, 0));
+  const auto cpu = composed::make_cpu_device();
+  const auto on_gpu = [](const at::Tensor& t) { return t.to(at::Device(at::kCUDA, 0)); };
+  for (Wire w : {Wire::kFp16, Wire::kBf16, Wire::kE4m3, Wire::kE5m2, Wire::kMxfp8, Wire::kMxfp8E5m2, Wire::kMxfp4}) {
+    for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+      for (int64_t count : {1, 33, 100003}) {
+        for (compress::MxScale rule : {compress::MxScale::kRceil, compress::MxScale::kFloor}) {
+          const std::string what = std::string(compress::wire_name(w)) + " " + c10::toString(dtype) + " count " +
+                                   std::to_string(count) + " " + compress::mx_scale_name(rule);
+          Plan plan;
+          plan.wire = w;
+          plan.pre_scale = 1.0 / 3;
+          plan.post_scale = 3.0;
+          plan.mx_scale = rule;
+          const auto rows = rows_of(dtype, count);
+          std::vector<at::Tensor> device_rows;
+          for (const auto& r : rows) device_rows.push_back(on_gpu(r));
+          const int64_t n = int64_t(rows.size()), bytes = frame_bytes(count, w);
+          at::Tensor want = at::empty({n, bytes}, at::kByte);
+          at::Tensor got = on_gpu(at::full({n, bytes}, 0xAB, at::kByte));
+          cpu->encode_frames(rows, count, plan, want);
+          gpu->encode_frames(device_rows, count, plan, got);
+          expect_same_frames(got.cpu(), want, count, w, "encode " + what);
+          for (at::ScalarType out : {at::kFloat, at::kDouble}) {
+            at::Tensor a = at::empty({count}, out), b = on_gpu(a);
+            cpu->sum_frames_wide(want, count, plan, a);
+            gpu->sum_frames_wide(got, count, plan, b);
+            expect_same_bits(b.cpu(), a, "sums " + what);
+            a = at::empty({n * count - 2}, out);
+            b = on_gpu(a);
+            cpu->restore_frames(want, count, plan, a);
+            gpu->restore_frames(got, count, plan, b);
+            expect_same_bits(b.cpu(), a, "restore " + what);
+          }
+          at::Tensor sums = at::empty({1, bytes}, at::kByte);
+          cpu->sum_frames(want, count, plan, sums[0]);
+          gpu->sum_frames(got, count, plan, got[n - 1]);
+          expect_same_frames(got[n - 1].unsqueeze(0).cpu(), sums, count, w, "the owner's frame " + what);
+          if (compress::is_mx(w)) continue;
+          const int32_t bad = 127;
+          got[1].narrow(0, 0, 4).copy_(at::from_blob(const_cast<int32_t*>(&bad), {4}, at::kByte));
+          at::Tensor restored = on_gpu(at::empty({n * count}));
+          gpu->restore_frames(got, count, plan, restored);
+          EXPECT_TRUE(restored.narrow(0, count, count).isnan().all().item<bool>()) << what;
+          EXPECT_FALSE(restored.narrow(0, 0, count).isnan().any().item<bool>()) << what;
+        }
+      }
+    }
+  }
+#endif
 }
 
 }  // namespace

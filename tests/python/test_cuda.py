@@ -301,38 +301,50 @@ def stochastic_rounding_on_the_gpu_equals_the_cpu_emulation(ctx):
 
 @case
 def pow2_frames_on_the_gpu_equal_the_cpu_emulation(ctx):
-    """Frames are ATen operations on the tensor's device: NCCL moves them as bytes, and the bits are the
-    emulation's (wire_formats.py), fp8 included, on any GPU architecture."""
+    """Frames are CUDA kernels on the tensor's device (compress/cuda_frames.cu): NCCL moves them as bytes,
+    and the bits are the emulation's (wire_formats.py), fp8 included, on any GPU architecture; a tensor
+    of 4M elements sends its fp16 frames to the owners in eight chunks."""
     for wire in FRAME_DTYPE:
         g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
             wire_dtype=wire, min_bytes=0, accumulate="fp32", scaling="pow2"))
-        x = ctx.data(N)
-        host = x.cpu()
-        for op, pre in ((R.SUM, 1.0), (R.AVG, 1.0)):
-            t = late(x)
-            dist.all_reduce(t, op=op, group=g)
-            same(t.cpu(), framed_allreduce([host], wire, pre), f"allreduce pow2 {wire} {op}")
-        out = torch.empty(N, device=ctx.device)
-        dist.reduce_scatter_tensor(out, late(x), group=g)
-        same(out.cpu(), framed_owner_sum([host], wire, 1.0), f"reduce_scatter pow2 {wire}")
+        for n in (N, (1 << 22) + 5) if wire == "fp16" else (N,):
+            x = ctx.data(n)
+            host = x.cpu()
+            for op, pre in ((R.SUM, 1.0), (R.AVG, 1.0)):
+                t = late(x)
+                dist.all_reduce(t, op=op, group=g)
+                same(t.cpu(), framed_allreduce([host], wire, pre), f"allreduce pow2 {wire} {op} {n}")
+            out = torch.empty(n, device=ctx.device)
+            dist.reduce_scatter_tensor(out, late(x), group=g)
+            same(out.cpu(), framed_owner_sum([host], wire, 1.0), f"reduce_scatter pow2 {wire} {n}")
 
 
 @case
-def mx_blocks_on_the_gpu_equal_the_cpu_kernels(ctx):
-    """MX blocks are ATen operations on the tensor's device (backend/frames.cpp): their bytes equal the
-    CPU kernels' (which test_mx.py holds to torchao), and so do the collectives' results."""
+def frames_on_the_gpu_equal_the_cpu_kernels(ctx):
+    """Power-of-two frames and MX blocks are CUDA kernels on the tensor's device: their bytes equal the
+    CPU kernels' (which test_frames.cpp holds to an ATen emulation and test_mx.py to torchao), a frame's
+    decoding too, a header outside [-126, 126] decodes its frame as NaN, and the collectives' results
+    equal the blocks' emulation."""
     half = (N + 1) // 2  # two rows, the second one short
-    for wire in ("mxfp8", "mxfp8_e5m2", "mxfp4"):
+    for wire in (*FRAME_DTYPE, "mxfp8", "mxfp8_e5m2", "mxfp4"):
+        mx = wire.startswith("mx")
         x = ctx.data(N)
         x[7] = float("inf")
         host = x.cpu()
         rows = [host[:half], host[half:]]
-        for rule in ("floor", "rceil"):  # rceil last: the default, which the collectives below use
-            on_cpu = _C._encode_frames(rows, half, 0.5, wire, False, rule)
-            on_gpu = _C._encode_frames([r.to(ctx.device) for r in rows], half, 0.5, wire, False, rule)
-            assert torch.equal(on_gpu.cpu(), on_cpu), \
-                f"{wire} {rule}: {int((on_gpu.cpu() != on_cpu).sum())} bytes differ"
+        for source in (torch.float32, torch.float64):
+            for rule in ("floor", "rceil"):  # rceil last: the default, which the collectives below use
+                on_cpu = _C._encode_frames([r.to(source) for r in rows], half, 0.5, wire, rule)
+                on_gpu = _C._encode_frames([r.to(ctx.device, source) for r in rows], half, 0.5, wire, rule)
+                assert torch.equal(on_gpu.cpu(), on_cpu), \
+                    f"{wire} {source} {rule}: {int((on_gpu.cpu() != on_cpu).sum())} bytes differ"
         same(_C._decode_frames(on_gpu, half, wire).cpu(), _C._decode_frames(on_cpu, half, wire), f"decode {wire}")
+        if not mx:
+            bad = on_gpu.clone()
+            bad[1, :4] = torch.tensor([127, 0, 0, 0], dtype=torch.uint8)  # exponent 127
+            decoded = _C._decode_frames(bad, half, wire).cpu()
+            assert decoded[1].isnan().all() and not decoded[0].isnan().any(), f"{wire}: a bad header's frame"
+            continue
 
         g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype=wire, min_bytes=0, accumulate="fp32"))
 

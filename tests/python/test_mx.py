@@ -2,7 +2,7 @@
 torchao's `to_mx`, bit for bit, under both block scale rules: RCEIL (the default: NVIDIA's hardware rule,
 torchao's ScaleCalculationMode.RCEIL) and FLOOR (OCP MX v1.0's rule).
 
-- The encoding, on the CPU kernels and on ATen's form (what CUDA tensors take): every scale code and
+- The encoding, on the CPU kernels (test_cuda.py holds the CUDA kernels to them): every scale code and
   element byte equals torchao's over random, outlier-heavy, element-subnormal, all-zero, tie and
   saturating blocks, short last blocks and odd MXFP4 counts. Where the definitions part (a block that
   is not finite; a block whose scale is the smallest, 2^-127, which torchao's FLOOR divides by 2^-126
@@ -46,10 +46,10 @@ def require_torchao():
 RULES = ["rceil", "floor"]
 
 
-def encode(v, wire, aten=False, count=None, rule="rceil"):
+def encode(v, wire, count=None, rule="rceil"):
     """cnccl's frame of the values v (one row of `count` elements): (scale codes, element bytes)."""
     count = v.numel() if count is None else count
-    frame = _C._encode_frames([v], count, 1.0, wire, aten, rule)[0]
+    frame = _C._encode_frames([v], count, 1.0, wire, rule)[0]
     blocks = -(-count // MX_BLOCK)
     element_bytes = -(-count // 2) if wire == "mxfp4" else count
     return frame[:blocks], frame[blocks:blocks + element_bytes], frame[blocks + element_bytes:]
@@ -90,14 +90,12 @@ def test_the_encoding_equals_torchaos_bit_for_bit(rule):
         for kind, blocks in blocks_of_every_kind(wire).items():
             v = blocks.reshape(-1).contiguous()
             want_scales, want_elements = torchao_mx(v, wire, rule)
-            for aten in (False, True):
-                scales, elements, padding = encode(v, wire, aten, rule=rule)
-                form = f"{rule}, ATen" if aten else f"{rule}, kernels"
-                assert torch.equal(scales, want_scales), f"{wire} {kind} ({form}): scales {scales} != {want_scales}"
-                differ = (elements != want_elements).nonzero()
-                assert differ.numel() == 0, f"{wire} {kind} ({form}): {differ.numel()} element bytes differ, " \
-                                            f"first at {differ[0].item()}"
-                assert not padding.any(), f"{wire} {kind} ({form}): padding {padding}"
+            scales, elements, padding = encode(v, wire, rule=rule)
+            assert torch.equal(scales, want_scales), f"{wire} {kind} ({rule}): scales {scales} != {want_scales}"
+            differ = (elements != want_elements).nonzero()
+            assert differ.numel() == 0, f"{wire} {kind} ({rule}): {differ.numel()} element bytes differ, " \
+                                        f"first at {differ[0].item()}"
+            assert not padding.any(), f"{wire} {kind} ({rule}): padding {padding}"
 
 
 def test_a_short_last_block_and_an_odd_mxfp4_count_are_padded_with_zeros():
@@ -108,12 +106,11 @@ def test_a_short_last_block_and_an_odd_mxfp4_count_are_padded_with_zeros():
     padded = torch.cat([v, torch.zeros(64 - 45)])
     for wire, rule in ((w, r) for w in WIRES for r in RULES):
         want_scales, want_elements = torchao_mx(padded, wire, rule)
-        for aten in (False, True):
-            scales, elements, _ = encode(v, wire, aten, rule=rule)
-            assert torch.equal(scales, want_scales), wire
-            assert torch.equal(elements, want_elements[:elements.numel()]), wire
-            if wire == "mxfp4":
-                assert elements.numel() == 23 and elements[22] >> 4 == 0, elements[22]
+        scales, elements, _ = encode(v, wire, rule=rule)
+        assert torch.equal(scales, want_scales), wire
+        assert torch.equal(elements, want_elements[:elements.numel()]), wire
+        if wire == "mxfp4":
+            assert elements.numel() == 23 and elements[22] >> 4 == 0, elements[22]
 
 
 def test_decoding_is_exact():
@@ -136,9 +133,8 @@ def test_decoding_is_exact():
                 values = elements.view(MX_ELEMENT[wire]).double()
             want = values * torch.pow(2.0, scales.double() - 127).repeat_interleave(MX_BLOCK)[:v.numel()]
             frame = _C._encode_frames([v], v.numel(), 1.0, wire)
-            for aten in (False, True):
-                got = _C._decode_frames(frame, v.numel(), wire, aten)[0]
-                assert torch.equal(got.double(), want), f"{wire} {kind} aten={aten}"
+            got = _C._decode_frames(frame, v.numel(), wire)[0]
+            assert torch.equal(got.double(), want), f"{wire} {kind}"
 
 
 def test_a_block_that_is_not_finite_has_the_nan_scale():
@@ -151,13 +147,12 @@ def test_a_block_that_is_not_finite_has_the_nan_scale():
     finite[32:] = 0
     for wire, rule in ((w, r) for w in WIRES for r in RULES):
         want_scales, want_elements = torchao_mx(finite, wire, rule)
-        for aten in (False, True):
-            scales, elements, _ = encode(v, wire, aten, rule=rule)
-            assert scales.tolist()[1:] == [255, 255] and scales[0] == want_scales[0], f"{wire}: {scales}"
-            first = MX_BLOCK // 2 if wire == "mxfp4" else MX_BLOCK
-            assert torch.equal(elements[:first], want_elements[:first]) and not elements[first:].any(), wire
-            decoded = _C._decode_frames(_C._encode_frames([v], 96, 1.0, wire, aten, rule), 96, wire)[0]
-            assert decoded[32:].isnan().all() and decoded[:32].isfinite().all(), wire
+        scales, elements, _ = encode(v, wire, rule=rule)
+        assert scales.tolist()[1:] == [255, 255] and scales[0] == want_scales[0], f"{wire}: {scales}"
+        first = MX_BLOCK // 2 if wire == "mxfp4" else MX_BLOCK
+        assert torch.equal(elements[:first], want_elements[:first]) and not elements[first:].any(), wire
+        decoded = _C._decode_frames(_C._encode_frames([v], 96, 1.0, wire, rule), 96, wire)[0]
+        assert decoded[32:].isnan().all() and decoded[:32].isfinite().all(), wire
 
 
 def test_the_smallest_scale_divides_by_two_to_the_minus_127():
@@ -170,23 +165,22 @@ def test_the_smallest_scale_divides_by_two_to_the_minus_127():
     for wire, rule in ((w, r) for w in WIRES for r in RULES):
         v = torch.randn(64, generator=gen) * 2.0 ** (EMAX[wire] - 130)
         v[:32] *= 1e-3
-        for aten in (False, True):
-            scales, elements, _ = encode(v, wire, aten, rule=rule)
-            assert scales.tolist() == [0, 0], f"{wire} {rule}: {scales}"
-            q = (v.double() * 2.0**127).float().clamp(-LARGEST[wire], LARGEST[wire])
-            if wire == "mxfp4":
-                from torchao.prototype.mx_formats.kernels import f32_to_f4_unpacked, pack_uint4
+        scales, elements, _ = encode(v, wire, rule=rule)
+        assert scales.tolist() == [0, 0], f"{wire} {rule}: {scales}"
+        q = (v.double() * 2.0**127).float().clamp(-LARGEST[wire], LARGEST[wire])
+        if wire == "mxfp4":
+            from torchao.prototype.mx_formats.kernels import f32_to_f4_unpacked, pack_uint4
 
-                want = pack_uint4(f32_to_f4_unpacked(q))  # torchao's e2m1 conversion alone
-            else:
-                want = q.to(MX_ELEMENT[wire]).view(torch.uint8)
-            assert torch.equal(elements, want), f"{wire} aten={aten}"
+            want = pack_uint4(f32_to_f4_unpacked(q))  # torchao's e2m1 conversion alone
+        else:
+            want = q.to(MX_ELEMENT[wire]).view(torch.uint8)
+        assert torch.equal(elements, want), f"{wire}"
 
 
 def test_rceil_takes_the_smallest_scale_that_saturates_nothing():
     """RCEIL's X is the smallest with amax <= L * 2^X: blocks whose amax is L * 2^k exactly (X = k), one
     ulp below (k) and one or a few ulps above (k + 1), for k from the bottom of the range to the top, on
-    the kernels and on ATen's form; each element is then v * 2^-X rounded by torch's own conversion,
+    the kernels; each element is then v * 2^-X rounded by torch's own conversion,
     which never passes L. torchao's RCEIL takes k for the few-ulps-above blocks (its fp32 log2 of the
     quotient rounds onto k) and saturates their largest value: cnccl follows the exact rule, as NVIDIA's
     cvt.rp.satfinite.ue8m0x2 does. The codes are computed here independently (wire_formats.rceil_codes)."""
@@ -212,12 +206,11 @@ def test_rceil_takes_the_smallest_scale_that_saturates_nothing():
             want_elements = pack_uint4(f32_to_f4_unpacked(q))
         else:
             want_elements = q.to(MX_ELEMENT[wire]).view(torch.uint8)
-        for aten in (False, True):
-            scales, elements, _ = encode(v, wire, aten, rule="rceil")
-            assert torch.equal(scales, want_codes), f"{wire} aten={aten}: {scales} != {want_codes}"
-            assert torch.equal(elements, want_elements), f"{wire} aten={aten}"
-            floor_scales, _, _ = encode(v, wire, aten, rule="floor")
-            assert (floor_scales <= scales).all() and (floor_scales < scales).any(), wire
+        scales, elements, _ = encode(v, wire, rule="rceil")
+        assert torch.equal(scales, want_codes), f"{wire}: {scales} != {want_codes}"
+        assert torch.equal(elements, want_elements), f"{wire}"
+        floor_scales, _, _ = encode(v, wire, rule="floor")
+        assert (floor_scales <= scales).all() and (floor_scales < scales).any(), wire
 
 
 def test_a_thread_that_flushes_subnormals_gets_the_same_bits():

@@ -97,6 +97,25 @@ def reduce_scatter_equals_its_emulation_on_every_wire(ctx):
 
 
 @case
+def calls_past_eight_mib_of_frames_give_the_same_bits(ctx):
+    """On the composed path (cpu_engine=gloo) these go to the owners in eight column chunks of the frames
+    (docs/design.md, "Numerics", Memory): the emulation's bits, as every other path's."""
+    n = 4_200_003
+    x = gaussian(ctx, n) * torch.pow(10.0, torch.empty(n).uniform_(-4, 4, generator=ctx.gen))
+    t = x.clone()
+    dist.all_reduce(t, op=R.AVG, group=ctx.pow2["fp16"])
+    problem = first_difference(t, allreduce(ctx.all_inputs(x), "fp16", pre_scale(R.AVG, ctx.world)))
+    assert problem is None, f"allreduce: {problem}"
+    each = n // ctx.world
+    x = gaussian(ctx, each * ctx.world)
+    parts = [v.chunk(ctx.world)[ctx.rank] for v in ctx.all_inputs(x)]
+    out = torch.empty(each)
+    dist.reduce_scatter_tensor(out, x, group=ctx.pow2["bf16"])
+    problem = first_difference(out, owner_sum(parts, "bf16", 1.0))
+    assert problem is None, f"reduce_scatter_tensor: {problem}"
+
+
+@case
 def coalesced_and_empty_tensors_are_framed_alike(ctx):
     xs = [gaussian(ctx, n) for n in (0, 7, 40_000)]
     for wire in ("fp16", "e4m3"):

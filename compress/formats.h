@@ -1,0 +1,162 @@
+// The scalar definitions of the 8-bit conversions, MX block scales and power-of-two frame exponents
+// (codec.h, backend/frames.h), compiled for the CPU kernels and the CUDA ones (cuda_frames.cu) from
+// this one source: both round the same way by construction. The CPU's vector kernels are tested bit
+// for bit against the scalar ones built on these, the CUDA kernels against the CPU's.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "compress/codec.h"
+
+namespace cnccl::compress::formats {
+
+CNCCL_HOST_DEVICE uint32_t bits_of(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+CNCCL_HOST_DEVICE float float_of(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+// 2^e as fp32 for e in [-126, 127], built from its bits (no math library's exp2).
+CNCCL_HOST_DEVICE float power_of_two(int e) { return float_of(uint32_t(e + 127) << 23); }
+
+constexpr uint32_t kQuietNan = 0x7FC00000u, kInfinity = 0x7F800000u;
+
+// An 8-bit format: mantissa bits, exponent bias, and the code of anything that rounds past its
+// largest finite value. e5m2: inf. e4m3 has no inf: NaN, not torch's saturation to 448, so that an
+// overflow (an inf gradient) stays visible.
+struct Fp8 {
+  uint32_t mantissa_bits;
+  uint32_t bias;
+  uint8_t overflow;
+};
+// e4m3 for kE4m3 and kMxfp8's elements, e5m2 for kE5m2 and kMxfp8E5m2's.
+CNCCL_HOST_DEVICE Fp8 fp8_format(Wire w) {
+  return w == Wire::kE4m3 || w == Wire::kMxfp8 ? Fp8{3, 7, 0x7F} : Fp8{2, 15, 0x7C};
+}
+
+// f rounded to nearest even in the format; NaN stays NaN.
+CNCCL_HOST_DEVICE uint8_t fp8_code(float f, Fp8 fp8) {
+  const uint32_t x = bits_of(f);
+  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax > kInfinity) return sign | 0x7F;
+  const uint32_t shift = 23 - fp8.mantissa_bits;
+  const uint32_t min_normal = (128 - fp8.bias) << 23;  // 2^(1 - bias)
+  if (ax < min_normal) {
+    // Below the smallest normal the step is 2^(1 - bias - m): adding 2^(1 - bias - m + 23) makes the
+    // fp32 adder round there, to nearest even, and the low bits are the 8-bit code (up to the
+    // smallest normal, whose code follows the subnormals').
+    const float big = float_of((128 - fp8.bias - fp8.mantissa_bits + 23) << 23);
+    return sign | static_cast<uint8_t>(bits_of(float_of(ax) + big) - bits_of(big));
+  }
+  const uint32_t rounded = ax + ((1u << (shift - 1)) - 1) + ((ax >> shift) & 1u);
+  const uint32_t code = (rounded >> shift) - ((127 - fp8.bias) << fp8.mantissa_bits);
+  return sign | static_cast<uint8_t>(code >= fp8.overflow ? fp8.overflow : code);
+}
+
+// The value of a code, exactly.
+CNCCL_HOST_DEVICE float fp8_value(uint8_t code, Fp8 fp8) {
+  const uint32_t magnitude = code & 0x7Fu, exponent = magnitude >> fp8.mantissa_bits;
+  const uint32_t mantissa = magnitude & ((1u << fp8.mantissa_bits) - 1);
+  float v;
+  if (magnitude == 0x7F || (fp8.overflow == 0x7C && exponent == (0x7Fu >> fp8.mantissa_bits) && mantissa)) {
+    v = float_of(kQuietNan);
+  } else if (fp8.overflow == 0x7C && magnitude == 0x7C) {
+    v = float_of(kInfinity);
+  } else if (exponent == 0) {
+    v = static_cast<float>(mantissa) * power_of_two(1 - int(fp8.bias) - int(fp8.mantissa_bits));
+  } else {
+    v = static_cast<float>(mantissa | (1u << fp8.mantissa_bits)) *
+        power_of_two(int(exponent) - int(fp8.bias) - int(fp8.mantissa_bits));
+  }
+  return code & 0x80 ? -v : v;
+}
+
+// e2m1's codes of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6, rounding a in [0, 6] to nearest even:
+// a tie goes to the even code (0.25 to 0, 0.75 to 1, 1.25 to 1, 1.75 to 2, 2.5 to 2, 3.5 to 4, 5 to 4).
+CNCCL_HOST_DEVICE uint8_t e2m1_code(float a) {
+  return uint8_t((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f));
+}
+
+// The value of an e2m1 code (sign in bit 3): exponent 0 is 0 or 0.5, e > 0 is (2 + m) * 2^(e - 2).
+CNCCL_HOST_DEVICE float e2m1_value(uint8_t code) {
+  const uint32_t e = (code >> 1) & 3u, m = code & 1u;
+  const float magnitude = e == 0 ? 0.5f * float(m) : float(2 + m) * power_of_two(int(e) - 2);
+  return code & 8 ? -magnitude : magnitude;
+}
+
+// The scale 2^X of an MX block's code X + 127: 0xFF is NaN (a non-finite block), 0 the subnormal 2^-127.
+CNCCL_HOST_DEVICE float mx_scale_value(uint8_t code) {
+  if (code == 0xFF) return float_of(kQuietNan);
+  return code ? float_of(uint32_t(code) << 23) : float_of(0x00400000u);
+}
+
+// A finite block's X from the bits of its amax (codec.h, MxScale): floor(log2(amax)) is amax's exponent
+// field less the bias; a subnormal or zero amax gives -127, which the clamp keeps where the true floor
+// (below -127) would have gone. RCEIL's increment comes before the clamp: below it, the clamp's -127
+// already holds L * 2^X >= amax.
+// `emax` and `fraction`: the wire's mx_emax and mx_largest_fraction.
+CNCCL_HOST_DEVICE int mx_exponent(uint32_t amax, int emax, uint32_t fraction, MxScale rule) {
+  const int rceil = rule == MxScale::kRceil && (amax & 0x7FFFFFu) > fraction;
+  const int x = int(amax >> 23) - 127 - emax + rceil;
+  return x < -127 ? -127 : x > 127 ? 127 : x;
+}
+
+// The exponent of the largest binade of a frame's wire (fp16 15, bf16 127, e4m3 8, e5m2 15; MX: its
+// elements').
+CNCCL_HOST_DEVICE int frame_emax(Wire wire) {
+  switch (wire) {
+    case Wire::kFp16: return 15;
+    case Wire::kBf16: return 127;
+    case Wire::kE4m3: return 8;
+    case Wire::kE5m2: return 15;
+    default: return mx_emax(wire);
+  }
+}
+
+// The largest |exponent| a frame carries: 2^k and 2^-k are both normal fp32 numbers.
+constexpr int kMaxFrameExponent = 126;
+
+// A power-of-two frame's exponent k for the magnitude a = fp32(amax * |scale|) (backend/frames.h): with
+// a = m * 2^e, m in [0.5, 1) (frexp's e), k = clamp(emax - e, -126, 126); 0 when a is not finite and
+// positive.
+CNCCL_HOST_DEVICE int32_t frame_exponent(float a, Wire wire) {
+  const uint32_t b = bits_of(a);
+  if (!(a > 0) || b >= kInfinity) return 0;
+  int e;
+  if (b >= 0x00800000u) {
+    e = int(b >> 23) - 126;
+  } else {  // subnormal: the significand's leading one sets the exponent
+#if defined(__CUDA_ARCH__)
+    e = (31 - __clz(int(b))) - 148;
+#else
+    e = (31 - __builtin_clz(b)) - 148;
+#endif
+  }
+  const int k = frame_emax(wire) - e;
+  return k < -kMaxFrameExponent ? -kMaxFrameExponent : k > kMaxFrameExponent ? kMaxFrameExponent : k;
+}
+
+// The decoding scale 2^-k of a frame's exponent; NaN for one outside [-126, 126], which only corruption
+// or another version writes (the CPU kernels name the rank instead; a device reads nothing back).
+CNCCL_HOST_DEVICE float frame_decoding_scale(int32_t k) {
+  if (k < -kMaxFrameExponent || k > kMaxFrameExponent) return float_of(kQuietNan);
+  return power_of_two(-k);
+}
+
+}  // namespace cnccl::compress::formats
