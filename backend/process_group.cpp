@@ -152,8 +152,9 @@ c10d::Backend& ProcessGroupCNCCL::cuda_path(const char* op) {
   args.group_uid = getGroupUid();
   args.group_desc = getGroupDesc();
   args.bound_device = getBoundDeviceId();
-  auto composition = std::make_unique<composed::Composition>(cuda::make_nccl_engine(args), cuda::make_cuda_device(),
-                                                             config_, &stats_, rank_, size_);
+  cuda_device_ = cuda::make_cuda_device(config_.telemetry != Telemetry::kOff);
+  auto composition = std::make_unique<composed::Composition>(cuda::make_nccl_engine(args), cuda_device_, config_,
+                                                             &stats_, rank_, size_);
   cuda_ = c10::make_intrusive<composed::ComposedPath>(rank_, size_, std::move(composition));
   return *cuda_;
 #else
@@ -183,6 +184,13 @@ std::string ProcessGroupCNCCL::wire_levels() const {
 }
 
 std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
+  // The CUDA path's kernels count on their devices; the CPU's casts into stats_ (docs/design.md, "Telemetry").
+  std::shared_ptr<composed::Device> cuda_device;
+  {
+    std::lock_guard<std::mutex> lock(cuda_mutex_);
+    cuda_device = cuda_device_;
+  }
+  const compress::Census on_devices = cuda_device ? cuda_device->cast_counts() : compress::Census{};
   return {{"collectives", stats_.collectives.load()},
           {"compressed_collectives", stats_.compressed_collectives.load()},
           {"bytes_uncompressed", stats_.bytes_uncompressed.load()},
@@ -193,8 +201,8 @@ std::map<std::string, uint64_t> ProcessGroupCNCCL::stats() const {
           {"transfer_ns", stats_.transfer_ns.load()},
           {"restore_ns", stats_.restore_ns.load()},
           {"caller_thread_collectives", stats_.caller_thread_collectives.load()},
-          {"cast_nonfinite", stats_.cast_nonfinite.load()},
-          {"cast_saturated", stats_.cast_saturated.load()}};
+          {"cast_nonfinite", stats_.cast_nonfinite.load() + on_devices.nonfinite},
+          {"cast_saturated", stats_.cast_saturated.load() + on_devices.saturated}};
 }
 
 WorkPtr ProcessGroupCNCCL::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {

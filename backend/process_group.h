@@ -18,6 +18,9 @@
 #include "backend/stats.h"
 
 namespace cnccl {
+namespace composed {
+class Device;
+}
 
 namespace host {
 class HostPath;
@@ -146,8 +149,9 @@ class ProcessGroupCNCCL : public c10d::Backend {
   // CPU tensors: the host path, or with cpu_engine=gloo the issued composed path.
   c10::intrusive_ptr<c10d::Backend> cpu_;
   host::HostPath* host_ = nullptr;  // cpu_ when it is the host path
-  std::mutex cuda_mutex_;
+  mutable std::mutex cuda_mutex_;
   c10::intrusive_ptr<c10d::Backend> cuda_;
+  std::shared_ptr<composed::Device> cuda_device_;  // cuda_'s device, whose kernels count their casts (cuda_mutex_)
   std::mutex agreement_mutex_;  // agree_on_cuda_settings
   bool cuda_agreed_ = false;
   std::exception_ptr cuda_disagreement_;

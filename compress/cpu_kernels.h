@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "compress/codec.h"
+#include "compress/formats.h"
 
 namespace cnccl::compress::detail {
 
@@ -123,18 +124,7 @@ struct CensusSink {
 };
 CensusSink& census_sink();
 
-// The smallest magnitude that a wire's round-to-nearest-even takes past its largest value: 65520
-// (fp16), bf16's largest value plus half its step (0x7F7F8000, whose tie rounds to the even inf), and
-// for the frames' 8-bit casts the float after 464 (e4m3's tie at 464 rounds to the even 448; past it,
-// NaN) and 61440 (e5m2: inf, the tie rounding away from the odd 57344).
-inline float overflow_limit(Wire w) {
-  switch (w) {
-    case Wire::kFp16: return 65520.0f;
-    case Wire::kE4m3: return float_of(0x43E80001u);
-    case Wire::kE5m2: return 61440.0f;
-    default: return float_of(0x7F7F8000u);
-  }
-}
+using formats::overflow_limit;
 
 // Counts a value about to be cast to a wire whose overflow starts at `limit`.
 inline void tally(float v, float limit, Census& c) {

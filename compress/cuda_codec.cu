@@ -24,17 +24,31 @@ __device__ __forceinline__ float scaled(double x, float s) { return static_cast<
 __device__ __forceinline__ void store_wide(float* p, float v, float s) { *p = v * s; }
 __device__ __forceinline__ void store_wide(double* p, float v, float s) { *p = static_cast<double>(v) * s; }
 
+// The casts count what they meet into `counts` when given it (launch::add_counts).
 template <typename Wide>
-__global__ void cast_scalar(const Wide* src, uint16_t* dst, size_t n, float s, Wire w) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    dst[i] = narrow(scaled(src[i], s), w);
+__global__ void cast_scalar(const Wide* src, uint16_t* dst, size_t n, float s, Wire w, CastCounts* counts) {
+  unsigned nonfinite = 0, saturated = 0;
+  const float limit = formats::overflow_limit(w);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float v = scaled(src[i], s);
+    dst[i] = narrow(v, w);
+    if (counts) launch::tally(v, limit, nonfinite, saturated);
+  }
+  launch::add_counts(counts, nonfinite, saturated);
 }
 
-__global__ void cast_vec4(const float4* src, ushort4* dst, size_t n4, float s, Wire w) {
+__global__ void cast_vec4(const float4* src, ushort4* dst, size_t n4, float s, Wire w, CastCounts* counts) {
+  unsigned nonfinite = 0, saturated = 0;
+  const float limit = formats::overflow_limit(w);
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
-    const float4 v = src[i];
-    dst[i] = make_ushort4(narrow(v.x * s, w), narrow(v.y * s, w), narrow(v.z * s, w), narrow(v.w * s, w));
+    const float4 x = src[i];
+    const float v[4] = {x.x * s, x.y * s, x.z * s, x.w * s};
+    dst[i] = make_ushort4(narrow(v[0], w), narrow(v[1], w), narrow(v[2], w), narrow(v[3], w));
+    if (counts) {
+      for (float e : v) launch::tally(e, limit, nonfinite, saturated);
+    }
   }
+  launch::add_counts(counts, nonfinite, saturated);
 }
 
 template <typename Wide>
@@ -67,10 +81,21 @@ __global__ void sum_wide(const uint16_t* rows, size_t k, size_t stride, Wide* ds
     store_wide(dst + i, row_sum(rows, k, stride, i, w), s);
 }
 
+// Stochastic rounding may take a value past the largest to inf, or not: what counts is the result
+// (cpu_stochastic.cpp).
 template <typename Wide>
-__global__ void cast_stochastic(const Wide* src, uint16_t* dst, size_t n, float s, Wire w, Dither d, uint64_t first) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    dst[i] = narrow(stochastic_grid_value(scaled(src[i], s), random_bits(d, first + i), w), w);
+__global__ void cast_stochastic(const Wide* src, uint16_t* dst, size_t n, float s, Wire w, Dither d, uint64_t first,
+                                CastCounts* counts) {
+  unsigned nonfinite = 0, saturated = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float v = scaled(src[i], s);
+    dst[i] = narrow(stochastic_grid_value(v, random_bits(d, first + i), w), w);
+    if (!counts) continue;
+    const bool finite = formats::finite(v);
+    nonfinite += !finite;
+    saturated += finite && !formats::finite(widen(dst[i], w));
+  }
+  launch::add_counts(counts, nonfinite, saturated);
 }
 
 __global__ void sum_stochastic(const uint16_t* rows, size_t k, size_t stride, uint16_t* dst, size_t n, Wire w,
@@ -83,25 +108,29 @@ bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % 
 
 }  // namespace
 
-void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream) {
+void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream,
+          CastCounts* counts) {
   if (n == 0) return;
   size_t head = 0;
   if (aligned(src, 16) && aligned(dst, 8)) {
     const size_t n4 = n / 4;
-    if (n4) cast_vec4<<<launch::blocks_for(n4), launch::kThreads, 0, stream>>>(reinterpret_cast<const float4*>(src),
-                                                               reinterpret_cast<ushort4*>(dst), n4, scale, wire);
+    if (n4) {
+      cast_vec4<<<launch::blocks_for(n4), launch::kThreads, 0, stream>>>(
+          reinterpret_cast<const float4*>(src), reinterpret_cast<ushort4*>(dst), n4, scale, wire, counts);
+    }
     head = n4 * 4;
   }
   if (head < n) {
     cast_scalar<<<launch::blocks_for(n - head), launch::kThreads, 0, stream>>>(src + head, dst + head, n - head,
-                                                                               scale, wire);
+                                                                               scale, wire, counts);
   }
   launch::check("cast kernel");
 }
 
-void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream) {
+void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream,
+          CastCounts* counts) {
   if (n == 0) return;
-  cast_scalar<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire);
+  cast_scalar<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire, counts);
   launch::check("cast kernel");
 }
 
@@ -147,16 +176,18 @@ void sum(const uint16_t* rows, size_t k, size_t stride, double* dst, size_t n, f
 }
 
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
-          cudaStream_t stream) {
+          cudaStream_t stream, CastCounts* counts) {
   if (n == 0) return;
-  cast_stochastic<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire, dither, first);
+  cast_stochastic<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire, dither, first,
+                                                                         counts);
   launch::check("stochastic cast kernel");
 }
 
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
-          cudaStream_t stream) {
+          cudaStream_t stream, CastCounts* counts) {
   if (n == 0) return;
-  cast_stochastic<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire, dither, first);
+  cast_stochastic<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire, dither, first,
+                                                                         counts);
   launch::check("stochastic cast kernel");
 }
 

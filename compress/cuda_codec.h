@@ -9,8 +9,17 @@
 
 namespace cnccl::compress::cuda {
 
-void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
-void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
+// What casts met, counted on the device (docs/design.md, "Telemetry"): a kernel given a CastCounts adds
+// to it what compress::Census would count for the same cast; null counts nothing.
+struct CastCounts {
+  unsigned long long nonfinite;
+  unsigned long long saturated;
+};
+
+void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream,
+          CastCounts* counts = nullptr);
+void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream,
+          CastCounts* counts = nullptr);
 void restore(const uint16_t* src, float* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
 void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
 // The fp32 sums of `k` rows of `n` 16-bit values, `stride` elements apart, added in row order:
@@ -23,9 +32,9 @@ void sum(const uint16_t* rows, size_t k, size_t stride, double* dst, size_t n, f
          cudaStream_t stream);
 // Stochastically rounded (stochastic.h), bit-identical to the CPU's; `first` as there.
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
-          cudaStream_t stream);
+          cudaStream_t stream, CastCounts* counts = nullptr);
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
-          cudaStream_t stream);
+          cudaStream_t stream, CastCounts* counts = nullptr);
 void sum(const uint16_t* rows, size_t k, size_t stride, uint16_t* dst, size_t n, Wire wire, const Dither& dither,
          uint64_t first, cudaStream_t stream);
 
@@ -37,13 +46,13 @@ void sum(const uint16_t* rows, size_t k, size_t stride, uint16_t* dst, size_t n,
 size_t frame_workspace_bytes(size_t ranks);
 // frame = the n <= count values of src (then +0s) times scale, framed (frames::encode's one row).
 void frame_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* frame,
-                  void* workspace, cudaStream_t stream);
+                  void* workspace, cudaStream_t stream, CastCounts* counts = nullptr);
 void frame_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* frame,
-                  void* workspace, cudaStream_t stream);
+                  void* workspace, cudaStream_t stream, CastCounts* counts = nullptr);
 // out = the frame of the fp32 sums of `ranks` frames in rank order (frames::sum_encode); `out` may be
 // one of them.
 void frame_sum_encode(const uint8_t* frames, size_t ranks, size_t stride, size_t count, Wire wire, MxScale rule,
-                      uint8_t* out, void* workspace, cudaStream_t stream);
+                      uint8_t* out, void* workspace, cudaStream_t stream, CastCounts* counts = nullptr);
 // dst[0..count) = those sums times post in dst's precision (frames::sum, then write_scaled_sums).
 void frame_sum(const uint8_t* frames, size_t ranks, size_t stride, size_t count, Wire wire, float post, float* dst,
                void* workspace, cudaStream_t stream);

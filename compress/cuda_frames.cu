@@ -105,13 +105,28 @@ __device__ __forceinline__ float scaled_amax(double amax, float scale) {
 
 // --- Power-of-two frames.
 
+// Whether a frame's casts count (backend/frames.cpp, exponent_of_amax): the 16-bit ones always; the 8-bit
+// ones only where the magnitude that set the exponent is not finite, since otherwise every value is in range.
+__device__ __forceinline__ bool frame_casts_count(float magnitude, Wire w) {
+  return wire_bytes(w) == 2 || !fmt::finite(magnitude);
+}
+
 template <typename T>
 __global__ void encode_kernel(const T* src, size_t n, size_t count, float scale, Wire w, uint8_t* frame,
-                              const unsigned long long* amax_slot) {
-  const int32_t k = fmt::frame_exponent(scaled_amax(amax_of(*amax_slot, T()), scale), w);
+                              const unsigned long long* amax_slot, CastCounts* counts) {
+  const float magnitude = scaled_amax(amax_of(*amax_slot, T()), scale);
+  const int32_t k = fmt::frame_exponent(magnitude, w);
   const float s = __fmul_rn(scale, fmt::power_of_two(k));
+  const bool counted = counts && frame_casts_count(magnitude, w);
+  const float limit = fmt::overflow_limit(w);
+  unsigned nonfinite = 0, saturated = 0;
   uint8_t* payload = frame + kHeaderBytes;
-  for (size_t i = x_index(); i < count; i += x_threads()) store_wire(payload, i, i < n ? scaled(src[i], s) : 0.0f, w);
+  for (size_t i = x_index(); i < count; i += x_threads()) {
+    const float v = i < n ? scaled(src[i], s) : 0.0f;
+    store_wire(payload, i, v, w);
+    if (counted && i < n) launch::tally(v, limit, nonfinite, saturated);
+  }
+  launch::add_counts(counted ? counts : nullptr, nonfinite, saturated);
   if (x_index() == 0) *reinterpret_cast<int32_t*>(frame) = k;
   zero_padding(frame, count, w);
 }
@@ -156,13 +171,20 @@ __global__ void sum_amax_kernel(const uint8_t* frames, size_t ranks, size_t stri
 }
 
 __global__ void sum_encode_kernel(const uint8_t* frames, size_t ranks, size_t stride, size_t count, Wire w,
-                                  const SumWorkspace* ws, const float* scales, uint8_t* out) {
-  const int32_t k = fmt::frame_exponent(amax_of(ws->amax, 0.0f), w);
+                                  const SumWorkspace* ws, const float* scales, uint8_t* out, CastCounts* counts) {
+  const float amax = amax_of(ws->amax, 0.0f);
+  const int32_t k = fmt::frame_exponent(amax, w);
   const float s = fmt::power_of_two(k);
+  const bool counted = counts && frame_casts_count(amax, w);
+  const float limit = fmt::overflow_limit(w);
+  unsigned nonfinite = 0, saturated = 0;
   for (size_t i = x_index(); i < count; i += x_threads()) {
     // Value i of every frame is read before value i of `out`, which may be one of them, is written.
-    store_wire(out + kHeaderBytes, i, __fmul_rn(frame_sum_at(frames, ranks, stride, scales, i, w), s), w);
+    const float v = __fmul_rn(frame_sum_at(frames, ranks, stride, scales, i, w), s);
+    store_wire(out + kHeaderBytes, i, v, w);
+    if (counted) launch::tally(v, limit, nonfinite, saturated);
   }
+  launch::add_counts(counted ? counts : nullptr, nonfinite, saturated);
   if (x_index() == 0) *reinterpret_cast<int32_t*>(out) = k;
   zero_padding(out, count, w);
 }
@@ -211,12 +233,13 @@ __device__ __forceinline__ float mx_value(const uint8_t* frame, size_t blocks, s
 // Block b's lane: v is its value (0 past the block's m values). Writes the block's scale code and its
 // elements as the CPU's encode_block (cpu_mx.cpp) does. Every lane of the warp calls it.
 __device__ __forceinline__ void mx_encode_lane(float v, unsigned lane, size_t m, size_t b, Wire w, MxScale rule,
-                                               uint8_t* scales, uint8_t* elements) {
+                                               uint8_t* scales, uint8_t* elements, CastCounts* counts) {
   // The block's bytes are written below only after every lane read what it needed (sum-encode in place).
   __syncwarp();
   const unsigned a = __float_as_uint(v) & 0x7FFFFFFFu;
   const unsigned amax = __reduce_max_sync(kFullWarp, a);
-  const bool nonfinite = __ballot_sync(kFullWarp, lane < m && a >= fmt::kInfinity) != 0;
+  const unsigned nonfinite_lanes = __ballot_sync(kFullWarp, lane < m && a >= fmt::kInfinity);
+  const bool nonfinite = nonfinite_lanes != 0;
   const bool e2m1 = w == Wire::kMxfp4;
   const int x = fmt::mx_exponent(amax, mx_emax(w), mx_largest_fraction(w), rule);
   uint8_t code = 0;
@@ -225,6 +248,14 @@ __device__ __forceinline__ void mx_encode_lane(float v, unsigned lane, size_t m,
     const float largest = mx_largest(w);
     code = e2m1 ? uint8_t((signbit(q) ? 8 : 0) | fmt::e2m1_code(fminf(fabsf(q), largest)))
                 : fmt::fp8_code(fminf(fmaxf(q, -largest), largest), fmt::fp8_format(w));
+  }
+  // What the block met (cpu_mx.cpp, encode_block): its values that are not finite, else those saturated.
+  const unsigned saturated_lanes = __ballot_sync(kFullWarp, !nonfinite && lane < m &&
+                                                 fabsf(__fmul_rn(v, fmt::float_of(uint32_t(127 - x) << 23))) >
+                                                     mx_largest(w));
+  if (counts && lane == 0) {
+    if (nonfinite_lanes) atomicAdd(&counts->nonfinite, static_cast<unsigned long long>(__popc(nonfinite_lanes)));
+    if (saturated_lanes) atomicAdd(&counts->saturated, static_cast<unsigned long long>(__popc(saturated_lanes)));
   }
   if (e2m1) {
     const unsigned high = __shfl_down_sync(kFullWarp, unsigned(code), 1);
@@ -239,19 +270,19 @@ __device__ __forceinline__ void mx_encode_lane(float v, unsigned lane, size_t m,
 
 template <typename T>
 __global__ void mx_encode_kernel(const T* src, size_t n, size_t count, float scale, Wire w, MxScale rule,
-                                 uint8_t* frame) {
+                                 uint8_t* frame, CastCounts* counts) {
   const size_t blocks = mx_blocks(count), warps = x_threads() / kLanes;
   const unsigned lane = threadIdx.x % kLanes;
   for (size_t b = x_index() / kLanes; b < blocks; b += warps) {
     const size_t i = b * kMxBlock + lane, m = count - b * kMxBlock < kMxBlock ? count - b * kMxBlock : kMxBlock;
     const float v = lane < m && i < n ? scaled(src[i], scale) : 0.0f;
-    mx_encode_lane(v, lane, m, b, w, rule, frame, frame + blocks);
+    mx_encode_lane(v, lane, m, b, w, rule, frame, frame + blocks, counts);
   }
   zero_padding(frame, count, w);
 }
 
 __global__ void mx_sum_encode_kernel(const uint8_t* frames, size_t ranks, size_t stride, size_t count, Wire w,
-                                     MxScale rule, uint8_t* out) {
+                                     MxScale rule, uint8_t* out, CastCounts* counts) {
   const size_t blocks = mx_blocks(count), warps = x_threads() / kLanes;
   const unsigned lane = threadIdx.x % kLanes;
   for (size_t b = x_index() / kLanes; b < blocks; b += warps) {
@@ -265,7 +296,7 @@ __global__ void mx_sum_encode_kernel(const uint8_t* frames, size_t ranks, size_t
     }
     // The lanes' reads of block b come before mx_encode_lane's first shuffle, its writes after it:
     // `out` may be one of the frames.
-    mx_encode_lane(acc, lane, m, b, w, rule, out, out + blocks);
+    mx_encode_lane(acc, lane, m, b, w, rule, out, out + blocks, counts);
   }
   zero_padding(out, count, w);
 }
@@ -305,17 +336,18 @@ dim3 grid(size_t work, size_t rows = 1) {
 
 template <typename T>
 void encode(const T* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* frame, void* workspace,
-            cudaStream_t stream) {
+            cudaStream_t stream, CastCounts* counts) {
   if (is_mx(wire)) {
     if (count == 0) return;  // no blocks, no bytes
     mx_encode_kernel<<<grid(mx_blocks(count) * kLanes), launch::kThreads, 0, stream>>>(src, n, count, scale, wire,
-                                                                                        rule, frame);
+                                                                                        rule, frame, counts);
     return launch::check("MX encode kernel");
   }
   auto* slot = static_cast<unsigned long long*>(workspace);
   cudaMemsetAsync(slot, 0, sizeof *slot, stream);
   if (n) amax_kernel<<<grid(n), launch::kThreads, 0, stream>>>(src, n, slot);
-  encode_kernel<<<grid(count + kHeaderBytes), launch::kThreads, 0, stream>>>(src, n, count, scale, wire, frame, slot);
+  encode_kernel<<<grid(count + kHeaderBytes), launch::kThreads, 0, stream>>>(src, n, count, scale, wire, frame, slot,
+                                                                             counts);
   launch::check("frame encode kernel");
 }
 
@@ -351,21 +383,21 @@ void restore(const uint8_t* frames, size_t stride, size_t count, Wire wire, floa
 size_t frame_workspace_bytes(size_t ranks) { return sizeof(SumWorkspace) + ranks * sizeof(float); }
 
 void frame_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* frame,
-                  void* workspace, cudaStream_t stream) {
-  encode(src, n, count, scale, wire, rule, frame, workspace, stream);
+                  void* workspace, cudaStream_t stream, CastCounts* counts) {
+  encode(src, n, count, scale, wire, rule, frame, workspace, stream, counts);
 }
 void frame_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* frame,
-                  void* workspace, cudaStream_t stream) {
-  encode(src, n, count, scale, wire, rule, frame, workspace, stream);
+                  void* workspace, cudaStream_t stream, CastCounts* counts) {
+  encode(src, n, count, scale, wire, rule, frame, workspace, stream, counts);
 }
 
 void frame_sum_encode(const uint8_t* frames, size_t ranks, size_t stride, size_t count, Wire wire, MxScale rule,
-                      uint8_t* out, void* workspace, cudaStream_t stream) {
+                      uint8_t* out, void* workspace, cudaStream_t stream, CastCounts* counts) {
   if (ranks == 0) return;
   if (is_mx(wire)) {
     if (count == 0) return;
-    mx_sum_encode_kernel<<<grid(mx_blocks(count) * kLanes), launch::kThreads, 0, stream>>>(frames, ranks, stride,
-                                                                                            count, wire, rule, out);
+    mx_sum_encode_kernel<<<grid(mx_blocks(count) * kLanes), launch::kThreads, 0, stream>>>(
+        frames, ranks, stride, count, wire, rule, out, counts);
     return launch::check("MX sum-encode kernel");
   }
   auto* ws = static_cast<SumWorkspace*>(workspace);
@@ -374,7 +406,7 @@ void frame_sum_encode(const uint8_t* frames, size_t ranks, size_t stride, size_t
   sum_amax_kernel<<<grid(count > ranks ? count : ranks), launch::kThreads, 0, stream>>>(frames, ranks, stride, count,
                                                                                        wire, ws, scales);
   sum_encode_kernel<<<grid(count + kHeaderBytes), launch::kThreads, 0, stream>>>(frames, ranks, stride, count, wire, ws,
-                                                                                scales, out);
+                                                                                scales, out, counts);
   launch::check("frame sum-encode kernel");
 }
 

@@ -3,6 +3,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include "compress/cuda_codec.h"
+#include "compress/formats.h"
+
 #include <stdexcept>
 #include <string>
 
@@ -26,5 +29,24 @@ inline void check(const char* what) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw std::runtime_error(std::string("cnccl ") + what + ": " + cudaGetErrorString(err));
 }
+
+#if defined(__CUDACC__)
+// Adds what the calling warp's lanes counted to `counts` (null: nothing). Every lane of the warp calls it.
+__device__ __forceinline__ void add_counts(CastCounts* counts, unsigned nonfinite, unsigned saturated) {
+  if (!counts) return;
+  nonfinite = __reduce_add_sync(0xFFFFFFFFu, nonfinite);
+  saturated = __reduce_add_sync(0xFFFFFFFFu, saturated);
+  if (threadIdx.x % 32 != 0) return;
+  if (nonfinite) atomicAdd(&counts->nonfinite, static_cast<unsigned long long>(nonfinite));
+  if (saturated) atomicAdd(&counts->saturated, static_cast<unsigned long long>(saturated));
+}
+
+// What a round-to-nearest cast of v meets (compress/cpu_kernels.h, tally): not finite, or past `limit`.
+__device__ __forceinline__ void tally(float v, float limit, unsigned& nonfinite, unsigned& saturated) {
+  const bool finite = formats::finite(v);
+  nonfinite += !finite;
+  saturated += finite && fabsf(v) >= limit;
+}
+#endif
 
 }  // namespace cnccl::compress::cuda::launch

@@ -129,6 +129,23 @@ CNCCL_HOST_DEVICE int frame_emax(Wire wire) {
   }
 }
 
+// The smallest magnitude that a wire's round-to-nearest-even takes past its largest value: 65520
+// (fp16), bf16's largest value plus half its step (0x7F7F8000, whose tie rounds to the even inf), and
+// for the frames' 8-bit casts the float after 464 (e4m3's tie at 464 rounds to the even 448; past it,
+// NaN) and 61440 (e5m2: inf, the tie rounding away from the odd 57344). What telemetry counts as
+// saturated (docs/design.md, "Telemetry").
+CNCCL_HOST_DEVICE float overflow_limit(Wire w) {
+  switch (w) {
+    case Wire::kFp16: return 65520.0f;
+    case Wire::kE4m3: return float_of(0x43E80001u);
+    case Wire::kE5m2: return 61440.0f;
+    default: return float_of(0x7F7F8000u);
+  }
+}
+
+// Whether |v| is finite (NaN is not).
+CNCCL_HOST_DEVICE bool finite(float v) { return (bits_of(v) & 0x7FFFFFFFu) < kInfinity; }
+
 // The largest |exponent| a frame carries: 2^k and 2^-k are both normal fp32 numbers.
 constexpr int kMaxFrameExponent = 126;
 

@@ -83,6 +83,9 @@ class Device {
   // on each of its devices' current streams as it completes, and a consumer's wait() (DDP's
   // then() callbacks, fut.wait()) orders its stream after them, so this must run where the restore ran.
   virtual void complete(c10::ivalue::Future& future, const c10::IValue& value) { future.markCompleted(value); }
+  // What the device's kernels counted of their casts (docs/design.md, "Telemetry"), when it counts them
+  // itself: the CPU's casts count into the calling thread's census instead (compress::CensusScope).
+  virtual compress::Census cast_counts() { return {}; }
   // Keeps `buffers` from their allocator until the current stream has run what it holds now
   // (CUDA: record_stream), whatever references the engine drops before then.
   virtual void keep(const std::vector<at::Tensor>& buffers) = 0;

@@ -111,6 +111,8 @@ void check_wide(const at::Tensor& wide, const at::Tensor& frames, int64_t most) 
 
 class CudaDevice final : public composed::Device {
  public:
+  explicit CudaDevice(bool count_casts) : count_casts_(count_casts) {}
+
   ~CudaDevice() override {
     for (const auto& stream : side_streams_) {
       if (stream) own_streams().give_back(*stream);
@@ -141,8 +143,11 @@ class CudaDevice final : public composed::Device {
     auto* dst = static_cast<uint16_t*>(wire.data_ptr());
     with_wide_data(wide, [&](auto* src) {
       const float scale = float(plan.pre_scale);
-      if (plan.stochastic) return compress::cuda::cast(src, dst, wide.numel(), scale, plan.wire, dither, first, stream);
-      compress::cuda::cast(src, dst, wide.numel(), scale, plan.wire, stream);
+      compress::cuda::CastCounts* counts = counts_for(wide.device().index());
+      if (plan.stochastic) {
+        return compress::cuda::cast(src, dst, wide.numel(), scale, plan.wire, dither, first, stream, counts);
+      }
+      compress::cuda::cast(src, dst, wide.numel(), scale, plan.wire, stream, counts);
     });
   }
 
@@ -188,7 +193,8 @@ class CudaDevice final : public composed::Device {
       uint8_t* frame = frames[int64_t(r)].mutable_data_ptr<uint8_t>();
       with_wide_data(static_cast<const char*>(x.const_data_ptr()), x.scalar_type(), [&](const auto* src) {
         compress::cuda::frame_encode(src, size_t(x.numel()), size_t(count), float(plan.pre_scale), plan.wire,
-                                     plan.mx_scale, frame, workspace.mutable_data_ptr(), stream);
+                                     plan.mx_scale, frame, workspace.mutable_data_ptr(), stream,
+                                     counts_for(frames.device().index()));
       });
     }
   }
@@ -200,7 +206,8 @@ class CudaDevice final : public composed::Device {
     const c10::cuda::CUDAGuard guard(frames.device());
     compress::cuda::frame_sum_encode(frames.const_data_ptr<uint8_t>(), size_t(frames.size(0)), size_t(frames.stride(0)),
                                      size_t(count), plan.wire, plan.mx_scale, out.mutable_data_ptr<uint8_t>(),
-                                     frame_workspace(frames, frames.size(0)).mutable_data_ptr(), stream_of(frames));
+                                     frame_workspace(frames, frames.size(0)).mutable_data_ptr(), stream_of(frames),
+                                     counts_for(frames.device().index()));
   }
 
   void sum_frames_wide(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) override {
@@ -251,7 +258,45 @@ class CudaDevice final : public composed::Device {
     for (const auto& b : buffers) b.record_stream(stream);
   }
 
+ // The counters' latest values: what the kernels that finished by now counted (the copy orders after
+  // the current stream's work only; nothing on a collective's path waits for it).
+  compress::Census cast_counts() override {
+    std::vector<at::Tensor> all;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& c : counts_) {
+        if (c.defined()) all.push_back(c);
+      }
+    }
+    compress::Census census;
+    for (const auto& c : all) {
+      const at::Tensor host = c.cpu();
+      census.nonfinite += uint64_t(host[0].item<int64_t>());
+      census.saturated += uint64_t(host[1].item<int64_t>());
+    }
+    return census;
+  }
+
  private:
+  // Device `index`'s counters, made at its first count; null when this device does not count. Made and
+  // zeroed once, the host waiting for the zeros (any stream's kernels may count next), never during graph
+  // capture, whose memory is the graph's: a captured call made before them counts nothing, and one after
+  // counts again at every replay, as its casts run again.
+  compress::cuda::CastCounts* counts_for(c10::DeviceIndex index) {
+    if (!count_casts_) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (counts_.size() <= size_t(index)) counts_.resize(index + 1);
+    at::Tensor& c = counts_[index];
+    if (!c.defined()) {
+      const c10::cuda::CUDAGuard guard(index);
+      if (cuda::capturing()) return nullptr;
+      c = at::zeros({2}, at::TensorOptions(at::kLong).device(at::kCUDA, index));
+      at::cuda::getCurrentCUDAStream(index).synchronize();
+    }
+    static_assert(sizeof(compress::cuda::CastCounts) == 2 * sizeof(int64_t));
+    return reinterpret_cast<compress::cuda::CastCounts*>(c.mutable_data_ptr<int64_t>());
+  }
+
   c10::cuda::CUDAStream side_stream(c10::DeviceIndex index) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (side_streams_.size() <= size_t(index)) side_streams_.resize(index + 1);
@@ -260,12 +305,16 @@ class CudaDevice final : public composed::Device {
     return *stream;
   }
 
+  const bool count_casts_;
   std::mutex mutex_;
   std::vector<std::optional<c10::cuda::CUDAStream>> side_streams_;  // one per device, taken on first use
+  std::vector<at::Tensor> counts_;  // compress::cuda::CastCounts per device, int64 [2]
 };
 
 }  // namespace
 
-std::shared_ptr<composed::Device> make_cuda_device() { return std::make_shared<CudaDevice>(); }
+std::shared_ptr<composed::Device> make_cuda_device(bool count_casts) {
+  return std::make_shared<CudaDevice>(count_casts);
+}
 
 }  // namespace cnccl::cuda

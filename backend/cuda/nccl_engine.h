@@ -26,7 +26,8 @@ struct NcclEngineArgs {
 
 // The legacy c10d::ProcessGroupNCCL (what torch 2.15 calls "nccl-legacy"; torch 2.11's "nccl").
 composed::Engine make_nccl_engine(const NcclEngineArgs& args);
-std::shared_ptr<composed::Device> make_cuda_device();
+// `count_casts`: its kernels count what their casts meet (Device::cast_counts; telemetry not off).
+std::shared_ptr<composed::Device> make_cuda_device(bool count_casts = false);
 // The NCCL version this process loaded, as ncclGetVersion reports it (23007 for 2.30.7).
 int loaded_nccl_version();
 

@@ -360,6 +360,33 @@ def frames_on_the_gpu_equal_the_cpu_kernels(ctx):
 
 
 @case
+def the_kernels_count_what_their_casts_meet(ctx):
+    """Telemetry on CUDA (docs/design.md, "Telemetry"): the kernels of every kind of wire count, on the GPU,
+    what the CPU's census counts for the same calls on the same composition over gloo (the CPU kernels):
+    an inf and a NaN, values past fp16's largest and, in a frame whose exponent the inf set to 0, past
+    e4m3's; MX elements saturated under FLOOR."""
+    x = ctx.data(N)
+    x[3], x[5] = float("inf"), float("nan")
+    x[10:40] = 1e6
+    configs = [dict(wire_dtype="fp16"), dict(wire_dtype="bf16", accumulate="fp32", rounding="sr"),
+               dict(wire_dtype="fp16", accumulate="fp32", scaling="pow2"),
+               dict(wire_dtype="e4m3", accumulate="fp32", scaling="pow2"),
+               dict(wire_dtype="mxfp8", accumulate="fp32", mx_scale="floor"), dict(wire_dtype="mxfp4", accumulate="fp32")]
+    for fields in configs:
+        counted = {}
+        for device, engine in (("cuda", {}), ("cpu", {"cpu_engine": "gloo"})):
+            g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(min_bytes=0, telemetry="counts", **fields,
+                                                                         **engine))
+            t = x.clone() if device == "cuda" else x.cpu()
+            dist.all_reduce(t, group=g)
+            dist.reduce_scatter_tensor(torch.empty_like(t), x.to(device), group=g)
+            torch.cuda.synchronize()
+            stats = cnccl.stats(g)
+            counted[device] = (stats["cast_nonfinite"], stats["cast_saturated"])
+        assert counted["cuda"] == counted["cpu"] and counted["cpu"][0] > 0, f"{fields}: {counted}"
+
+
+@case
 def non_finite_inputs_come_back_non_finite_on_every_wire(ctx):
     """An inf and a NaN in the input: both places are non-finite after the allreduce on every wire, so
     that a loss scaler sees the overflow."""
