@@ -19,6 +19,10 @@ struct Plan {
   RedOp inner_op = RedOp::SUM;
   // Multiplies every element before the reduction (in fp32 inside the cast when compressed).
   double pre_scale = 1.0;
+  // Set where the kernels read PREMUL_SUM's factor on the device (a CUDA tensor factor; the composed
+  // path's Device::premul_factor_tensor): that one-element fp32 tensor is the pre-scale, and pre_scale
+  // is 1. Compressed plans only.
+  at::Tensor pre_scale_tensor;
   // Compressed: multiplies on restore. Uncompressed: 1.
   double post_scale = 1.0;
   // Uncompressed integer AVG: truncating division after the sum, as NCCL does.

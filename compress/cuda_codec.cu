@@ -26,7 +26,9 @@ __device__ __forceinline__ void store_wide(double* p, float v, float s) { *p = s
 
 // The casts count what they meet into `counts` when given it (launch::add_counts).
 template <typename Wide>
-__global__ void cast_scalar(const Wide* src, uint16_t* dst, size_t n, float s, Wire w, CastCounts* counts) {
+__global__ void cast_scalar(const Wide* src, uint16_t* dst, size_t n, float scale, Wire w, CastCounts* counts,
+                            const float* scale_on_device) {
+  const float s = launch::scale_of(scale, scale_on_device);
   unsigned nonfinite = 0, saturated = 0;
   const float limit = formats::overflow_limit(w);
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -37,7 +39,9 @@ __global__ void cast_scalar(const Wide* src, uint16_t* dst, size_t n, float s, W
   launch::add_counts(counts, nonfinite, saturated);
 }
 
-__global__ void cast_vec4(const float4* src, ushort4* dst, size_t n4, float s, Wire w, CastCounts* counts) {
+__global__ void cast_vec4(const float4* src, ushort4* dst, size_t n4, float scale, Wire w, CastCounts* counts,
+                          const float* scale_on_device) {
+  const float s = launch::scale_of(scale, scale_on_device);
   unsigned nonfinite = 0, saturated = 0;
   const float limit = formats::overflow_limit(w);
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
@@ -84,8 +88,9 @@ __global__ void sum_wide(const uint16_t* rows, size_t k, size_t stride, Wide* ds
 // Stochastic rounding may take a value past the largest to inf, or not: what counts is the result
 // (cpu_stochastic.cpp).
 template <typename Wide>
-__global__ void cast_stochastic(const Wide* src, uint16_t* dst, size_t n, float s, Wire w, Dither d, uint64_t first,
-                                CastCounts* counts) {
+__global__ void cast_stochastic(const Wide* src, uint16_t* dst, size_t n, float scale, Wire w, Dither d,
+                                uint64_t first, CastCounts* counts, const float* scale_on_device) {
+  const float s = launch::scale_of(scale, scale_on_device);
   unsigned nonfinite = 0, saturated = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const float v = scaled(src[i], s);
@@ -109,28 +114,30 @@ bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % 
 }  // namespace
 
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream,
-          CastCounts* counts) {
+          CastCounts* counts, const float* scale_on_device) {
   if (n == 0) return;
   size_t head = 0;
   if (aligned(src, 16) && aligned(dst, 8)) {
     const size_t n4 = n / 4;
     if (n4) {
       cast_vec4<<<launch::blocks_for(n4), launch::kThreads, 0, stream>>>(
-          reinterpret_cast<const float4*>(src), reinterpret_cast<ushort4*>(dst), n4, scale, wire, counts);
+          reinterpret_cast<const float4*>(src), reinterpret_cast<ushort4*>(dst), n4, scale, wire, counts,
+          scale_on_device);
     }
     head = n4 * 4;
   }
   if (head < n) {
     cast_scalar<<<launch::blocks_for(n - head), launch::kThreads, 0, stream>>>(src + head, dst + head, n - head,
-                                                                               scale, wire, counts);
+                                                                               scale, wire, counts, scale_on_device);
   }
   launch::check("cast kernel");
 }
 
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream,
-          CastCounts* counts) {
+          CastCounts* counts, const float* scale_on_device) {
   if (n == 0) return;
-  cast_scalar<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire, counts);
+  cast_scalar<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire, counts,
+                                                                     scale_on_device);
   launch::check("cast kernel");
 }
 
@@ -176,18 +183,18 @@ void sum(const uint16_t* rows, size_t k, size_t stride, double* dst, size_t n, f
 }
 
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
-          cudaStream_t stream, CastCounts* counts) {
+          cudaStream_t stream, CastCounts* counts, const float* scale_on_device) {
   if (n == 0) return;
   cast_stochastic<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire, dither, first,
-                                                                         counts);
+                                                                         counts, scale_on_device);
   launch::check("stochastic cast kernel");
 }
 
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
-          cudaStream_t stream, CastCounts* counts) {
+          cudaStream_t stream, CastCounts* counts, const float* scale_on_device) {
   if (n == 0) return;
   cast_stochastic<<<launch::blocks_for(n), launch::kThreads, 0, stream>>>(src, dst, n, scale, wire, dither, first,
-                                                                         counts);
+                                                                         counts, scale_on_device);
   launch::check("stochastic cast kernel");
 }
 

@@ -16,10 +16,11 @@ struct CastCounts {
   unsigned long long saturated;
 };
 
+// `scale_on_device`, where given, is read on the device in place of `scale` (PREMUL_SUM's tensor factor).
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream,
-          CastCounts* counts = nullptr);
+          CastCounts* counts = nullptr, const float* scale_on_device = nullptr);
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, cudaStream_t stream,
-          CastCounts* counts = nullptr);
+          CastCounts* counts = nullptr, const float* scale_on_device = nullptr);
 void restore(const uint16_t* src, float* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
 void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire, cudaStream_t stream);
 // The fp32 sums of `k` rows of `n` 16-bit values, `stride` elements apart, added in row order:
@@ -32,9 +33,9 @@ void sum(const uint16_t* rows, size_t k, size_t stride, double* dst, size_t n, f
          cudaStream_t stream);
 // Stochastically rounded (stochastic.h), bit-identical to the CPU's; `first` as there.
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
-          cudaStream_t stream, CastCounts* counts = nullptr);
+          cudaStream_t stream, CastCounts* counts = nullptr, const float* scale_on_device = nullptr);
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first,
-          cudaStream_t stream, CastCounts* counts = nullptr);
+          cudaStream_t stream, CastCounts* counts = nullptr, const float* scale_on_device = nullptr);
 void sum(const uint16_t* rows, size_t k, size_t stride, uint16_t* dst, size_t n, Wire wire, const Dither& dither,
          uint64_t first, cudaStream_t stream);
 
@@ -46,9 +47,11 @@ void sum(const uint16_t* rows, size_t k, size_t stride, uint16_t* dst, size_t n,
 size_t frame_workspace_bytes(size_t ranks);
 // frame = the n <= count values of src (then +0s) times scale, framed (frames::encode's one row).
 void frame_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* frame,
-                  void* workspace, cudaStream_t stream, CastCounts* counts = nullptr);
+                  void* workspace, cudaStream_t stream, CastCounts* counts = nullptr,
+                  const float* scale_on_device = nullptr);
 void frame_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* frame,
-                  void* workspace, cudaStream_t stream, CastCounts* counts = nullptr);
+                  void* workspace, cudaStream_t stream, CastCounts* counts = nullptr,
+                  const float* scale_on_device = nullptr);
 // out = the frame of the fp32 sums of `ranks` frames in rank order (frames::sum_encode); `out` may be
 // one of them.
 void frame_sum_encode(const uint8_t* frames, size_t ranks, size_t stride, size_t count, Wire wire, MxScale rule,

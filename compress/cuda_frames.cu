@@ -112,8 +112,9 @@ __device__ __forceinline__ bool frame_casts_count(float magnitude, Wire w) {
 }
 
 template <typename T>
-__global__ void encode_kernel(const T* src, size_t n, size_t count, float scale, Wire w, uint8_t* frame,
-                              const unsigned long long* amax_slot, CastCounts* counts) {
+__global__ void encode_kernel(const T* src, size_t n, size_t count, float pre_scale, Wire w, uint8_t* frame,
+                              const unsigned long long* amax_slot, CastCounts* counts, const float* scale_on_device) {
+  const float scale = launch::scale_of(pre_scale, scale_on_device);
   const float magnitude = scaled_amax(amax_of(*amax_slot, T()), scale);
   const int32_t k = fmt::frame_exponent(magnitude, w);
   const float s = __fmul_rn(scale, fmt::power_of_two(k));
@@ -269,8 +270,9 @@ __device__ __forceinline__ void mx_encode_lane(float v, unsigned lane, size_t m,
 }
 
 template <typename T>
-__global__ void mx_encode_kernel(const T* src, size_t n, size_t count, float scale, Wire w, MxScale rule,
-                                 uint8_t* frame, CastCounts* counts) {
+__global__ void mx_encode_kernel(const T* src, size_t n, size_t count, float pre_scale, Wire w, MxScale rule,
+                                 uint8_t* frame, CastCounts* counts, const float* scale_on_device) {
+  const float scale = launch::scale_of(pre_scale, scale_on_device);
   const size_t blocks = mx_blocks(count), warps = x_threads() / kLanes;
   const unsigned lane = threadIdx.x % kLanes;
   for (size_t b = x_index() / kLanes; b < blocks; b += warps) {
@@ -336,18 +338,19 @@ dim3 grid(size_t work, size_t rows = 1) {
 
 template <typename T>
 void encode(const T* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* frame, void* workspace,
-            cudaStream_t stream, CastCounts* counts) {
+            cudaStream_t stream, CastCounts* counts, const float* scale_on_device) {
   if (is_mx(wire)) {
     if (count == 0) return;  // no blocks, no bytes
     mx_encode_kernel<<<grid(mx_blocks(count) * kLanes), launch::kThreads, 0, stream>>>(src, n, count, scale, wire,
-                                                                                        rule, frame, counts);
+                                                                                        rule, frame, counts,
+                                                                                        scale_on_device);
     return launch::check("MX encode kernel");
   }
   auto* slot = static_cast<unsigned long long*>(workspace);
   cudaMemsetAsync(slot, 0, sizeof *slot, stream);
   if (n) amax_kernel<<<grid(n), launch::kThreads, 0, stream>>>(src, n, slot);
   encode_kernel<<<grid(count + kHeaderBytes), launch::kThreads, 0, stream>>>(src, n, count, scale, wire, frame, slot,
-                                                                             counts);
+                                                                             counts, scale_on_device);
   launch::check("frame encode kernel");
 }
 
@@ -383,12 +386,12 @@ void restore(const uint8_t* frames, size_t stride, size_t count, Wire wire, floa
 size_t frame_workspace_bytes(size_t ranks) { return sizeof(SumWorkspace) + ranks * sizeof(float); }
 
 void frame_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* frame,
-                  void* workspace, cudaStream_t stream, CastCounts* counts) {
-  encode(src, n, count, scale, wire, rule, frame, workspace, stream, counts);
+                  void* workspace, cudaStream_t stream, CastCounts* counts, const float* scale_on_device) {
+  encode(src, n, count, scale, wire, rule, frame, workspace, stream, counts, scale_on_device);
 }
 void frame_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* frame,
-                  void* workspace, cudaStream_t stream, CastCounts* counts) {
-  encode(src, n, count, scale, wire, rule, frame, workspace, stream, counts);
+                  void* workspace, cudaStream_t stream, CastCounts* counts, const float* scale_on_device) {
+  encode(src, n, count, scale, wire, rule, frame, workspace, stream, counts, scale_on_device);
 }
 
 void frame_sum_encode(const uint8_t* frames, size_t ranks, size_t stride, size_t count, Wire wire, MxScale rule,

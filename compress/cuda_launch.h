@@ -31,6 +31,9 @@ inline void check(const char* what) {
 }
 
 #if defined(__CUDACC__)
+// A kernel's scale: the one on the device where it is given (PREMUL_SUM's tensor factor), else `scale`.
+__device__ __forceinline__ float scale_of(float scale, const float* on_device) { return on_device ? *on_device : scale; }
+
 // Adds what the calling warp's lanes counted to `counts` (null: nothing). Every lane of the warp calls it.
 __device__ __forceinline__ void add_counts(CastCounts* counts, unsigned nonfinite, unsigned saturated) {
   if (!counts) return;

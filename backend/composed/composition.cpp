@@ -126,7 +126,12 @@ Plan Composition::plan(const at::Tensor& t, int64_t nbytes, const c10d::ReduceOp
   // PREMUL_SUM's factor is read only where cnccl applies it itself; otherwise the engine does,
   // and a CUDA tensor factor never travels to the host.
   if (op.op_ == RedOp::PREMUL_SUM && is_staged(p, op, as_is)) {
-    p = planner(config_, t.scalar_type(), nbytes, op.op_, device_->premul_factor(op, t), size_);
+    // A compressed call's kernels read a tensor factor on its device: nothing waits for it, and a CUDA
+    // graph replays it with the value the factor holds then (docs/design.md, "Stream order").
+    const at::Tensor on_device = p.compress ? device_->premul_factor_tensor(op, t) : at::Tensor();
+    p = planner(config_, t.scalar_type(), nbytes, op.op_, on_device.defined() ? 1.0 : device_->premul_factor(op, t),
+                size_);
+    p.pre_scale_tensor = on_device;
   }
   // The dither's offsets are kernel arguments taken from a host counter at the call: a captured call
   // would replay them, rounding every replay alike (docs/design.md, "Stream order").

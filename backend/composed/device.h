@@ -38,6 +38,10 @@ class Device {
   // PREMUL_SUM's factor as a number, for a collective on `t`; the CUDA device refuses to read a
   // device tensor back to the host while t's device's current stream is being captured.
   virtual double premul_factor(const c10d::ReduceOp& op, const at::Tensor& t) = 0;
+  // PREMUL_SUM's factor as the kernels of a compressed collective on `t` read it, on the device: a
+  // one-element fp32 tensor (Plan::pre_scale_tensor), made on the current stream, for a tensor factor on
+  // t's device; undefined where the factor is to be read as a number (premul_factor).
+  virtual at::Tensor premul_factor_tensor(const c10d::ReduceOp& op, const at::Tensor& t) { return {}; }
 
   // wire = round16(wide * plan.pre_scale). A stochastic plan rounds with `dither`, wide's element 0
   // being element `first` of the collective's tensor.

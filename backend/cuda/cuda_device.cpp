@@ -94,6 +94,11 @@ at::Tensor frame_workspace(const at::Tensor& t, int64_t ranks) {
   return at::empty({int64_t(compress::cuda::frame_workspace_bytes(size_t(ranks)))}, t.options().dtype(at::kByte));
 }
 
+// Where the kernels read the pre-scale on the device (Plan::pre_scale_tensor), or null.
+const float* pre_scale_of(const Plan& plan) {
+  return plan.pre_scale_tensor.defined() ? plan.pre_scale_tensor.const_data_ptr<float>() : nullptr;
+}
+
 // The frame kernels read rows of whole frames, `stride` bytes apart, with int32 headers and 16-bit values
 // at their natural alignment (a misaligned access would end the CUDA context).
 void check_frames(const at::Tensor& frames, int64_t count, const Plan& plan) {
@@ -137,6 +142,15 @@ class CudaDevice final : public composed::Device {
     return cnccl::premul_factor(op);
   }
 
+  at::Tensor premul_factor_tensor(const c10d::ReduceOp& op, const at::Tensor& t) override {
+    const at::Tensor factor = premul_tensor_factor(op);
+    if (!factor.defined() || factor.device() != t.device()) return {};
+    TORCH_CHECK_VALUE(factor.numel() == 1, "cnccl: PREMUL_SUM factor must have one element");
+    const c10::cuda::CUDAGuard guard(t.device());
+    // fp32, as the host's float(double(factor)) rounds it; an fp32 factor is read where it is.
+    return factor.reshape({}).to(at::kFloat);
+  }
+
   void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
             uint64_t first) override {
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(wide.device().index()).stream();
@@ -144,10 +158,11 @@ class CudaDevice final : public composed::Device {
     with_wide_data(wide, [&](auto* src) {
       const float scale = float(plan.pre_scale);
       compress::cuda::CastCounts* counts = counts_for(wide.device().index());
+      const float* factor = pre_scale_of(plan);
       if (plan.stochastic) {
-        return compress::cuda::cast(src, dst, wide.numel(), scale, plan.wire, dither, first, stream, counts);
+        return compress::cuda::cast(src, dst, wide.numel(), scale, plan.wire, dither, first, stream, counts, factor);
       }
-      compress::cuda::cast(src, dst, wide.numel(), scale, plan.wire, stream, counts);
+      compress::cuda::cast(src, dst, wide.numel(), scale, plan.wire, stream, counts, factor);
     });
   }
 
@@ -194,7 +209,7 @@ class CudaDevice final : public composed::Device {
       with_wide_data(static_cast<const char*>(x.const_data_ptr()), x.scalar_type(), [&](const auto* src) {
         compress::cuda::frame_encode(src, size_t(x.numel()), size_t(count), float(plan.pre_scale), plan.wire,
                                      plan.mx_scale, frame, workspace.mutable_data_ptr(), stream,
-                                     counts_for(frames.device().index()));
+                                     counts_for(frames.device().index()), pre_scale_of(plan));
       });
     }
   }

@@ -142,7 +142,8 @@ class StreamDevice final : public composed::Device {
     Streams::Point until;
   };
   std::vector<Kept> kept;  // what keep() was asked to hold, and until which point
-  std::vector<c10::Device> premul_devices;  // the device each premul_factor() was asked for
+  std::vector<c10::Device> premul_devices;  // the device each PREMUL_SUM factor was asked for, either way
+  int premul_host_reads = 0;                 // premul_factor() calls: the factor read as a number
   bool capture = false;                      // the current stream is being captured (as cuda_device.cpp's)
 
   bool capturing(const at::Tensor&) override { return capture; }
@@ -156,11 +157,21 @@ class StreamDevice final : public composed::Device {
 
   double premul_factor(const c10d::ReduceOp& op, const at::Tensor& t) override {
     premul_devices.push_back(t.device());
+    ++premul_host_reads;
     return cpu_->premul_factor(op, t);
+  }
+  // As cuda_device.cpp's: a tensor factor (here on the CPU, standing for t's device) is the kernels' to
+  // read, when they run (cast() and encode_frames() below read it then).
+  at::Tensor premul_factor_tensor(const c10d::ReduceOp& op, const at::Tensor& t) override {
+    premul_devices.push_back(t.device());
+    const at::Tensor factor = premul_tensor_factor(op);
+    return factor.defined() && factor.device() == t.device() ? factor.reshape({}).to(at::kFloat) : at::Tensor();
   }
   void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
             uint64_t first) override {
-    defer("cast", [cpu = cpu_, wide, wire, plan, dither, first] { cpu->cast(wide, wire, plan, dither, first); });
+    defer("cast", [cpu = cpu_, wide, wire, plan, dither, first] {
+      cpu->cast(wide, wire, read_pre_scale(plan), dither, first);
+    });
   }
   void restore(const at::Tensor& wire, const at::Tensor& wide, const Plan& plan) override {
     defer("restore", [cpu = cpu_, wire, wide, plan] { cpu->restore(wire, wide, plan); });
@@ -174,7 +185,9 @@ class StreamDevice final : public composed::Device {
   }
   void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan,
                      const at::Tensor& frames) override {
-    defer("encode_frames", [cpu = cpu_, rows, count, plan, frames] { cpu->encode_frames(rows, count, plan, frames); });
+    defer("encode_frames", [cpu = cpu_, rows, count, plan, frames] {
+      cpu->encode_frames(rows, count, read_pre_scale(plan), frames);
+    });
   }
   void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out) override {
     defer("sum_frames", [cpu = cpu_, frames, count, plan, out] { cpu->sum_frames(frames, count, plan, out); });
@@ -204,6 +217,12 @@ class StreamDevice final : public composed::Device {
   Streams::Id side_stream() const { return side_; }
 
  private:
+  // The plan as a kernel that reads its pre-scale on the device sees it when it runs.
+  static Plan read_pre_scale(Plan plan) {
+    if (plan.pre_scale_tensor.defined()) plan.pre_scale = plan.pre_scale_tensor.item<float>();
+    plan.pre_scale_tensor = at::Tensor();
+    return plan;
+  }
   struct Event final : composed::Event {
     Event(Streams& s, Streams::Point p) : streams(s), point(p) {}
     bool query() override { return streams.reached(point); }

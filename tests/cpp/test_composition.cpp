@@ -47,6 +47,18 @@ Config fp32_sums_config() {
   return config;
 }
 
+constexpr compress::Wire kFramedWires[] = {compress::Wire::kFp16,  compress::Wire::kBf16,       compress::Wire::kE4m3,
+                                            compress::Wire::kE5m2,  compress::Wire::kMxfp8,      compress::Wire::kMxfp8E5m2,
+                                            compress::Wire::kMxfp4};
+
+// Every part in a frame (backend/frames.h): power-of-two frames for the 16- and 8-bit wires, MX blocks.
+Config framed_config(compress::Wire wire) {
+  Config config = fp32_sums_config();
+  config.wire = wire;
+  if (!compress::is_mx(wire)) config.scaling = Scaling::kPow2;
+  return config;
+}
+
 // One rank's composition over the double, on streams run in `order`.
 struct Rig {
   explicit Rig(Streams::Order order = Streams::Order::kAdversarial, const Config& config = base_config(), int rank = 0,
@@ -89,7 +101,8 @@ at::Tensor expected_sum(const at::Tensor& x, double pre, double post) {
 at::Tensor values(int64_t n) { return at::linspace(-3.0, 5.0, n, at::kFloat).add(1.0 / 3.0); }
 
 // torch's ReduceOp(op, supplement) constructor drops the supplement, so the fields are set here.
-c10d::ReduceOp premul_sum(const at::Tensor& factor) {
+template <typename Factor>
+c10d::ReduceOp premul_sum(const Factor& factor) {
   c10d::ReduceOp op;
   op.op_ = RedOp::PREMUL_SUM;
   op.supplement_ = c10::make_intrusive<c10d::NCCLPreMulSumSupplement>(factor);
@@ -249,6 +262,36 @@ TEST(StreamOrder, PremulSumFactorIsReadForTheCollectivesDevice) {
   EXPECT_EQ(rig.device->premul_devices[0], ts[0].device());
 }
 
+// A compressed call's kernels read a tensor factor on its device when they run, never the host (a read
+// there would wait for the device, and is refused during CUDA graph capture): a factor changed after the
+// call was issued, before its kernels ran, gives what that value as a number gives; on every kind of
+// cast (16-bit, stochastic, frames, MX blocks).
+TEST(StreamOrder, ACompressedCallsKernelsReadATensorFactorWhenTheyRun) {
+  Config stochastic = fp32_sums_config();
+  stochastic.rounding = Rounding::kStochastic;
+  for (const Config& config : {base_config(), fp32_sums_config(), stochastic, framed_config(compress::Wire::kE4m3),
+                               framed_config(compress::Wire::kMxfp8)}) {
+    const at::Tensor x = values(4096);
+    Rig by_number(Streams::Order::kIssue, config);
+    c10d::AllreduceOptions number;
+    number.reduceOp = premul_sum(0.25);
+    std::vector<at::Tensor> want{x.clone()};
+    by_number.composition.allreduce(want, number)->wait();
+    Rig by_tensor(Streams::Order::kAdversarial, config);
+    const at::Tensor factor = at::full({1}, 0.5);
+    c10d::AllreduceOptions tensor;
+    tensor.reduceOp = premul_sum(factor);
+    std::vector<at::Tensor> got{by_tensor.produced(x)};
+    auto work = by_tensor.composition.allreduce(got, tensor);
+    factor.fill_(0.25);  // after the issue, before the streams run
+    work->wait();
+    const std::string what = std::string(config.wire_name()) + " " + config.accumulate_name() + " " +
+                             (config.rounding == Rounding::kStochastic ? "sr" : "rne");
+    EXPECT_TRUE(at::equal(by_tensor.observe(got[0]), by_number.observe(want[0]))) << what;
+    EXPECT_EQ(by_tensor.device->premul_host_reads, 0) << what;
+  }
+}
+
 // ENABLE_INTRA_NODE_COMM=1: the engine's kernel runs on the issuing stream and its work orders
 // nothing; the asynchronous restore, on the side stream, must still follow it.
 TEST(StreamOrder, AnAsynchronousRestoreFollowsAnIntraNodeAllreduce) {
@@ -265,9 +308,9 @@ TEST(StreamOrder, AnAsynchronousRestoreFollowsAnIntraNodeAllreduce) {
   }
 }
 
-// A CUDA tensor factor is read on the host once per tensor and call (each read is a device sync),
-// also for a tensor with fp32 sums in a coalesced call.
-TEST(StreamOrder, APremulSumTensorFactorIsReadOncePerTensor) {
+// A PREMUL_SUM factor is asked for once per tensor and call, also for a tensor with fp32 sums in a
+// coalesced call (a host read of a CUDA tensor factor is a device sync).
+TEST(StreamOrder, APremulSumTensorFactorIsAskedForOncePerTensor) {
   Rig rig(Streams::Order::kIssue, fp32_sums_config());
   c10d::AllreduceCoalescedOptions opts;
   opts.reduceOp = premul_sum(at::full({1}, 0.5));
@@ -653,18 +696,6 @@ TEST(Composition, ALargeReduceScatterWithFp32SumsSumsInChunksWhereItSent) {
       }
     }
   }
-}
-
-constexpr compress::Wire kFramedWires[] = {compress::Wire::kFp16,  compress::Wire::kBf16,       compress::Wire::kE4m3,
-                                            compress::Wire::kE5m2,  compress::Wire::kMxfp8,      compress::Wire::kMxfp8E5m2,
-                                            compress::Wire::kMxfp4};
-
-// Every part in a frame (backend/frames.h): power-of-two frames for the 16- and 8-bit wires, MX blocks.
-Config framed_config(compress::Wire wire) {
-  Config config = fp32_sums_config();
-  config.wire = wire;
-  if (!compress::is_mx(wire)) config.scaling = Scaling::kPow2;
-  return config;
 }
 
 // What an allreduce in frames gives part q on kWorld ranks that all hold x: x's part q framed, the

@@ -253,16 +253,17 @@ def cuda_graph_capture(ctx):
         graph.replay()
         torch.cuda.synchronize()
         same(static, expected(x, "PREMUL_SUM", "fp16", ctx), "replayed capture")
-    # Made before the capture: a capture cannot copy the factor from the host.
-    tensor_factor = op_of("PREMUL_SUM tensor", ctx.device)
+    # A CUDA tensor factor is read by the kernels on the device: captured, each replay reads its value then.
+    factor = torch.tensor([FACTOR], device=ctx.device)
     graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            dist.all_reduce(static, op=tensor_factor, group=g)
-    except Exception as e:  # noqa: BLE001 - the message is what is checked
-        assert "CUDA graph" in str(e) and "Python number" in str(e), str(e)
-    else:
-        raise AssertionError("a compressed PREMUL_SUM with a CUDA tensor factor was captured")
+    with torch.cuda.stream(side), torch.cuda.graph(graph):
+        dist.all_reduce(static, op=dist._make_nccl_premul_sum(factor), group=g)
+    for value in (FACTOR, 2.5):
+        factor.fill_(value)
+        static.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        same(static, (x * fp32(value)).to(torch.float16).float(), f"replayed capture, tensor factor {value}")
 
 
 @case
