@@ -269,8 +269,10 @@ if (($(left) > 120)); then
   configure configure_tests "$DIR/gpu_check_cmake_tests.log" -DCNCCL_BUILD_TESTS=ON -DCNCCL_BUILD_BENCH=ON
   status=$before
   if [[ ${RESULT[configure_tests]} == ok ]]; then
-    optional cpp_build 150 cmake --build "$BUILD" -j "$(nproc)" --target test_codec_cuda test_composition codec_cuda
+    optional cpp_build 150 cmake --build "$BUILD" -j "$(nproc)" --target test_codec_cuda test_frames test_composition \
+      codec_cuda
     optional cpp_codec_cuda 60 "$BUILD/tests/cpp/test_codec_cuda" --gtest_brief=1
+    optional cpp_frames_cuda 60 "$BUILD/tests/cpp/test_frames" --gtest_brief=1
     optional cpp_composition 60 "$BUILD/tests/cpp/test_composition" --gtest_brief=1
     optional codec_cuda 60 bash -o pipefail -c "'$BUILD/bench/codec_cuda' 256 | tee '$DIR/codec_cuda.txt'"
   else

@@ -369,6 +369,20 @@ TEST(Composition, ALargeAllreduceWithFp32SumsGoesToTheOwnersInChunksThroughOneBu
   }
 }
 
+// The 16-bit wires hold what fp16_compress_hook holds, the 16-bit copy the engine reduces in place (2 bytes
+// an element); stochastic rounding, fp32 sums' (3 from 2M elements).
+TEST(Composition, EveryUnframedWireHoldsItsPlannedPeak) {
+  at::set_num_threads(1);
+  const at::Tensor x = values((int64_t(1) << 21) + 7);
+  Config bf16 = base_config();
+  bf16.wire = compress::Wire::kBf16;
+  Config stochastic = fp32_sums_config();
+  stochastic.rounding = Rounding::kStochastic;
+  for (const auto& [config, goal] : {std::pair{base_config(), 2.01}, {bf16, 2.01}, {stochastic, 3.01}}) {
+    EXPECT_LE(allreduce_peak(config, x, 1).first, goal) << config.wire_name() << " " << config.accumulate_name();
+  }
+}
+
 // A call that throws at issue after earlier chunks were enqueued: the buffers those chunks and their
 // sums use were kept (record_stream on CUDA) before the throw drops the composition's references, so
 // the allocator cannot hand them to the caller's next tensor while the side stream still writes them.
