@@ -135,7 +135,13 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
            py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const cnccl::ProcessGroupCNCCL& pg) {
         py::dict d;
-        for (const auto& [name, value] : pg.stats()) d[py::str(name)] = value;
+        std::map<std::string, uint64_t> stats;
+        {
+          // The CUDA path's counters are read from the device: other Python threads go on meanwhile.
+          const py::gil_scoped_release released;
+          stats = pg.stats();
+        }
+        for (const auto& [name, value] : stats) d[py::str(name)] = value;
         if (pg.config().telemetry == cnccl::Telemetry::kError) d["quantization_error"] = pg.quantization_error();
         return d;
       }, "Counters of this group's collectives, bytes and casts; with telemetry=error, the relative L2 error "

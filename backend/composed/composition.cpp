@@ -399,7 +399,7 @@ c10::intrusive_ptr<c10d::Work> Composition::allreduce_coalesced(std::vector<at::
   std::vector<std::pair<at::Tensor, Plan>> fp32_sums;
   for (const auto& t : tensors) {
     checks::on_device_of(t, tensors[0], "allreduce_coalesced");
-    // Planned once: a PREMUL_SUM's CUDA tensor factor is read on the host with each plan.
+    // Planned once: a plan may read a PREMUL_SUM's CUDA tensor factor on the host (Composition::plan).
     const Plan p = plan(t, t.nbytes(), opts.reduceOp, t.is_contiguous());
     record_stats(stats_, t, t.numel(), p);
     if (has_fp32_sums(p, t.numel())) {

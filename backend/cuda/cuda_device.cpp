@@ -122,6 +122,9 @@ class CudaDevice final : public composed::Device {
     for (const auto& stream : side_streams_) {
       if (stream) own_streams().give_back(*stream);
     }
+    for (const auto& c : counts_) {
+      if (c.reader) own_streams().give_back(*c.reader);
+    }
   }
 
   bool capturing(const at::Tensor& t) override {
@@ -136,9 +139,10 @@ class CudaDevice final : public composed::Device {
     // The capture that matters is on the stream the collective is issued on: t's device's.
     const c10::cuda::CUDAGuard guard(t.device());
     TORCH_CHECK_VALUE(!(factor.defined() && factor.is_cuda() && cuda::capturing()),
-                      "cnccl: a compressed PREMUL_SUM reads its factor on the host, which is not allowed for a CUDA "
-                      "tensor factor while a CUDA graph is being captured; pass the factor as a Python number, or "
-                      "capture with CNCCL_WIRE_DTYPE=none");
+                      "cnccl: this PREMUL_SUM reads its factor on the host (a strided tensor that goes uncompressed, "
+                      "or a factor on another device than the tensor's), which is not allowed for a CUDA tensor "
+                      "factor while a CUDA graph is being captured; pass the factor as a Python number, or a "
+                      "contiguous tensor with the factor on its device");
     return cnccl::premul_factor(op);
   }
 
@@ -273,43 +277,60 @@ class CudaDevice final : public composed::Device {
     for (const auto& b : buffers) b.record_stream(stream);
   }
 
- // The counters' latest values: what the kernels that finished by now counted (the copy orders after
-  // the current stream's work only; nothing on a collective's path waits for it).
+  // The counters' latest values: what the kernels that finished by now counted. Read through a stream of
+  // cnccl's own, which waits for nothing else (a hung collective cannot hold it); while the device's
+  // current stream is being captured, or if the read fails, the values read last.
   compress::Census cast_counts() override {
-    std::vector<at::Tensor> all;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (const auto& c : counts_) {
-        if (c.defined()) all.push_back(c);
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& c : counts_) {
+      if (!c.on_device) continue;
+      const c10::cuda::CUDAGuard guard(c.reader->device_index());
+      if (cuda::capturing()) continue;
+      compress::cuda::CastCounts read{};
+      if (cudaMemcpyAsync(&read, c.on_device, sizeof read, cudaMemcpyDeviceToHost, c.reader->stream()) ==
+              cudaSuccess &&
+          cudaStreamSynchronize(c.reader->stream()) == cudaSuccess) {
+        c.last = read;
+      } else {
+        (void)cudaGetLastError();  // the values read last stand
       }
     }
     compress::Census census;
-    for (const auto& c : all) {
-      const at::Tensor host = c.cpu();
-      census.nonfinite += uint64_t(host[0].item<int64_t>());
-      census.saturated += uint64_t(host[1].item<int64_t>());
+    for (const auto& c : counts_) {
+      census.nonfinite += c.last.nonfinite;
+      census.saturated += c.last.saturated;
     }
     return census;
   }
 
  private:
-  // Device `index`'s counters, made at its first count; null when this device does not count. Made and
-  // zeroed once, the host waiting for the zeros (any stream's kernels may count next), never during graph
-  // capture, whose memory is the graph's: a captured call made before them counts nothing, and one after
-  // counts again at every replay, as its casts run again.
+  // A device's counters: made and zeroed at its first count, the host waiting for the zeros (any stream's
+  // kernels may count next), and never freed, since a kernel or a captured graph may still count into them
+  // after the group is gone (16 bytes a group and device). Never made during graph capture: a call
+  // captured before them counts nothing, one captured after counts at every replay, as its casts run again.
+  struct Counters {
+    compress::cuda::CastCounts* on_device = nullptr;
+    std::optional<c10::cuda::CUDAStream> reader;  // cnccl's own, for the reads
+    compress::cuda::CastCounts last{};
+  };
+
+  // Device `index`'s counters; null when this device does not count or they cannot be made now.
   compress::cuda::CastCounts* counts_for(c10::DeviceIndex index) {
     if (!count_casts_) return nullptr;
     std::lock_guard<std::mutex> lock(mutex_);
     if (counts_.size() <= size_t(index)) counts_.resize(index + 1);
-    at::Tensor& c = counts_[index];
-    if (!c.defined()) {
+    Counters& c = counts_[index];
+    if (!c.on_device) {
       const c10::cuda::CUDAGuard guard(index);
       if (cuda::capturing()) return nullptr;
-      c = at::zeros({2}, at::TensorOptions(at::kLong).device(at::kCUDA, index));
-      at::cuda::getCurrentCUDAStream(index).synchronize();
+      c.reader = own_streams().take(index);
+      void* memory = nullptr;
+      C10_CUDA_CHECK(cudaMalloc(&memory, sizeof(compress::cuda::CastCounts)));
+      C10_CUDA_CHECK(cudaMemsetAsync(memory, 0, sizeof(compress::cuda::CastCounts), c.reader->stream()));
+      C10_CUDA_CHECK(cudaStreamSynchronize(c.reader->stream()));
+      c.on_device = static_cast<compress::cuda::CastCounts*>(memory);
     }
-    static_assert(sizeof(compress::cuda::CastCounts) == 2 * sizeof(int64_t));
-    return reinterpret_cast<compress::cuda::CastCounts*>(c.mutable_data_ptr<int64_t>());
+    return c.on_device;
   }
 
   c10::cuda::CUDAStream side_stream(c10::DeviceIndex index) {
@@ -323,7 +344,7 @@ class CudaDevice final : public composed::Device {
   const bool count_casts_;
   std::mutex mutex_;
   std::vector<std::optional<c10::cuda::CUDAStream>> side_streams_;  // one per device, taken on first use
-  std::vector<at::Tensor> counts_;  // compress::cuda::CastCounts per device, int64 [2]
+  std::vector<Counters> counts_;  // per device
 };
 
 }  // namespace
