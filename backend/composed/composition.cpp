@@ -285,7 +285,10 @@ Composition::FramesAtOwners Composition::frames_to_owners(const at::Tensor& fram
 Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Plan& p, const Timing& timing) {
   const int64_t n = t.numel(), part = (n + size_ - 1) / size_;
   const at::Tensor sent = at::empty({size_, frames::frame_bytes(part, p.wire)}, t.options().dtype(at::kByte));
-  device_->encode_frames(frames::parts_of(flat(t), size_, part), part, p, sent);
+  // A strided t's contiguous copy is device work too, on the stream the encoding runs on.
+  device_->run([device = device_, t, p, sent, part, size = size_] {
+    device->encode_frames(frames::parts_of(flat(t), size, part), part, p, sent);
+  });
   FramesAtOwners at = frames_to_owners(sent, timing);
   if (!at.waited) {
     at.on_restore_stream = restore_stream(*device_, timing.async_op);

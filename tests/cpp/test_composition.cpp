@@ -764,6 +764,22 @@ TEST(Composition, AnAllreduceInFramesHoldsOneBufferOfFramesAndTwoChunks) {
   }
 }
 
+// A strided tensor's contiguous copy is device work, after the caller's kernel wrote the tensor, and the
+// result lands in the caller's memory through the view.
+TEST(Composition, AStridedTensorInFramesIsFramedAfterTheCallerWroteIt) {
+  for (compress::Wire wire : {compress::Wire::kE4m3, compress::Wire::kMxfp4}) {
+    Rig rig(Streams::Order::kAdversarial, framed_config(wire));
+    const at::Tensor x = values(64 * 64).view({64, 64});
+    const at::Tensor view = rig.produced(x).t();
+    std::vector<at::Tensor> ts{view};
+    rig.composition.allreduce(ts, c10d::AllreduceOptions())->wait();
+    const at::Tensor got = rig.observe(view).contiguous().view({-1});
+    const int64_t part = 64 * 64 / kWorld;
+    EXPECT_TRUE(at::equal(got.narrow(0, 0, part), expected_in_frames(x.t().contiguous().view({-1}), wire, 0)))
+        << compress::wire_name(wire);
+  }
+}
+
 // A reduce_scatter in frames sums every rank's frame of its part into the output: the frames and, from
 // 8 MiB of them on, two chunks; 2.5 bytes per fp32 element of the input at most (FSDP's reduce-scatter).
 TEST(Composition, AReduceScatterInFramesSumsIntoTheOutputFromOneBufferOfFrames) {
