@@ -3,6 +3,10 @@
 
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "compress/codec.h"
 #include "compress/formats.h"
 
@@ -70,6 +74,23 @@ struct Fp8Rounding {
   int half_minus_one;    // half the dropped bits' weight, less one
   int rebias;            // fp32's exponent bias less the format's, at the format's exponent position
   int top;               // the code of an overflow
+};
+
+// Every public kernel keeps fp32 subnormals, as the CUDA kernels and the definition do: MX blocks scaled by
+// 2^-127, frames' values times 2^-k, bf16's subnormals widened. A group's threads take its creator's
+// floating-point settings, which may flush (torch.set_flush_denormal sets FTZ and DAZ): the public kernels
+// clear both for their call.
+class GradualUnderflow {
+ public:
+#if defined(__x86_64__)
+  GradualUnderflow() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~0x8040u); }
+  ~GradualUnderflow() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#else
+  GradualUnderflow() {}
+#endif
 };
 
 // The kernels in use (cpu_dispatch.cpp, set_cpu_path).

@@ -6,10 +6,6 @@
 #include <cmath>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <xmmintrin.h>
-#endif
-
 #include "compress/cpu_kernels.h"
 #include "compress/formats.h"
 
@@ -35,21 +31,6 @@ using detail::MxDecodeOp;
 
 size_t blocks(size_t n) { return (n + kMxBlock - 1) / kMxBlock; }
 
-// Blocks scaled by 2^-127 decode through an fp32 subnormal, and encode fp32 subnormals: neither may
-// flush to zero. A group's threads take its creator's floating-point settings, which may flush
-// (torch.set_flush_denormal): the kernels clear FTZ and DAZ for their call.
-class GradualUnderflow {
- public:
-#if defined(__x86_64__)
-  GradualUnderflow() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~0x8040u); }
-  ~GradualUnderflow() { _mm_setcsr(saved_); }
-
- private:
-  unsigned saved_;
-#else
-  GradualUnderflow() {}
-#endif
-};
 
 size_t element_bytes(size_t n, Wire wire) { return wire == Wire::kMxfp4 ? (n + 1) / 2 : n; }
 
@@ -211,16 +192,16 @@ const char* mx_scale_name(MxScale rule) { return rule == MxScale::kFloor ? "floo
 size_t mx_bytes(size_t n, Wire wire) { return blocks(n) + element_bytes(n, wire); }
 
 void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst) {
-  const GradualUnderflow exact;
+  const detail::GradualUnderflow exact;
   encode(src, n, count, scale, wire, rule, dst, dst + blocks(count), detail::census_sink());
 }
 void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst) {
-  const GradualUnderflow exact;
+  const detail::GradualUnderflow exact;
   encode(src, n, count, scale, wire, rule, dst, dst + blocks(count), detail::census_sink());
 }
 
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire) {
-  const GradualUnderflow exact;
+  const detail::GradualUnderflow exact;
   std::vector<const uint8_t*> scales(k), elements(k);
   for (size_t r = 0; r < k; ++r) {
     scales[r] = in[r];
@@ -234,7 +215,7 @@ void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire)
 }
 
 void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxScale rule, uint8_t* dst) {
-  const GradualUnderflow exact;
+  const detail::GradualUnderflow exact;
   // A piece at a time through a sum that stays in L1; the census counts, but takes no samples: the
   // sums are not a rank's contribution.
   constexpr size_t kPiece = 64 * kMxBlock;
@@ -257,11 +238,11 @@ void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxSc
 }
 
 void mx_restore(const uint8_t* src, size_t count, float* dst, size_t n, float post, Wire wire) {
-  const GradualUnderflow exact;
+  const detail::GradualUnderflow exact;
   decode(src, count, n, wire, dst, MxDecodeOp::kScale, post);
 }
 void mx_restore(const uint8_t* src, size_t count, double* dst, size_t n, float post, Wire wire) {
-  const GradualUnderflow exact;
+  const detail::GradualUnderflow exact;
   // Decoded in pieces to fp32 (exact), then T(v) * T(post) in fp64.
   constexpr size_t kPiece = 64 * kMxBlock;
   float v[kPiece];

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import pytest
 
 import cnccl
+from cnccl import _C
 from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, check_case, engine_of, everyones, gloo_group, share, shared_job
 from wire_formats import (FRAME_DTYPE as DTYPE, FRAME_HALF_SUBNORMAL_STEP as HALF_SUBNORMAL_STEP, FRAME_UNIT as UNIT,
                           frame_exponent as exponent, framed_allreduce as allreduce, framed_owner_sum as owner_sum)
@@ -260,6 +261,26 @@ def non_finite_inputs_come_back_non_finite(ctx):
             if scaling == "pow2":
                 want = allreduce(inputs, wire, 1.0)
                 assert first_difference(t, want) is None, f"{wire}: {first_difference(t, want)}"
+
+
+def test_a_thread_that_flushes_subnormals_gets_the_same_bits():
+    """torch.set_flush_denormal(True) sets FTZ and DAZ on the calling thread, and a group's threads take
+    its creator's settings: the CPU kernels must still read fp32 subnormals and decode values times 2^-k
+    into them, as the definition and the CUDA kernels do."""
+    v = torch.randn(128, generator=torch.Generator().manual_seed(12)) * 2.0**-125
+    v[64:] *= 2.0**-20  # fp32 subnormals; every value decodes to one
+    for wire in DTYPE:
+        frame = _C._encode_frames([v], 128, 1.0, wire)
+        decoded = _C._decode_frames(frame, 128, wire)
+        assert decoded.count_nonzero() > 0, wire
+        if not torch.set_flush_denormal(True):
+            pytest.skip("this processor cannot flush subnormals")
+        try:
+            flushed = _C._encode_frames([v], 128, 1.0, wire)
+            flushed_decoded = _C._decode_frames(flushed, 128, wire)
+        finally:
+            torch.set_flush_denormal(False)
+        assert torch.equal(flushed, frame) and torch.equal(flushed_decoded, decoded), wire
 
 
 @pytest.mark.parametrize("engine", CPU_ENGINES)
