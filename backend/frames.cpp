@@ -26,8 +26,6 @@ int64_t payload_bytes(int64_t count, compress::Wire wire) {
 
 // --- The CPU kernels.
 
-int32_t exponent(float amax, compress::Wire wire) { return compress::formats::frame_exponent(amax, wire); }
-
 // The exponent of a frame that rank `sender` sent. Only this code writes frames, so one outside
 // [-126, 126] is corruption or another version; it would also make 2^-k undefined (-INT32_MIN) or
 // build a scale from garbage bits.
@@ -46,7 +44,7 @@ int32_t header_of(const uint8_t* frame, int64_t sender) {
 template <typename T>
 int32_t exponent_of_amax(T amax, const T* x, int64_t count, float scale, compress::Wire wire) {
   const T magnitude = amax * T(std::fabs(scale));
-  const int32_t k = exponent(static_cast<float>(magnitude), wire);
+  const int32_t k = compress::formats::frame_exponent(static_cast<float>(magnitude), wire);
   // The 8-bit casts do not count: with the exponent every finite value is in range. A value that is
   // not shows in the amax, and the exponent is then 0: finite values may overflow too.
   if (compress::wire_bytes(wire) == 1 && !std::isfinite(static_cast<float>(magnitude))) {
@@ -179,7 +177,7 @@ void sum_encode(const at::Tensor& frames, int64_t count, compress::Wire wire, co
     sum_piece(first, m);
     amax_bits = std::max(amax_bits, compress::formats::bits_of(compress::amax(sums, size_t(m))));
   }
-  const int32_t k = exponent(compress::formats::float_of(amax_bits), wire);
+  const int32_t k = compress::formats::frame_exponent(compress::formats::float_of(amax_bits), wire);
   const float s = std::ldexp(1.0f, k);
   // The 8-bit casts count nothing while the exponent keeps every value in range (encode_row).
   const bool count_8bit = width == 1 && amax_bits >= compress::formats::kInfinity;

@@ -16,9 +16,6 @@ using detail::float_of;
 
 using formats::Fp8;
 
-Fp8 format(Wire w) { return formats::fp8_format(w); }
-uint8_t fp8_of(float f, const Fp8& fp8) { return formats::fp8_code(f, fp8); }
-
 // The 256 values of an 8-bit format, exactly.
 struct Table {
   float value[256];
@@ -39,10 +36,10 @@ void decode(const void* in, size_t first, float* out, size_t n, float scale, Wir
 
 namespace detail {
 
-uint8_t to_fp8(float f, Wire w) { return fp8_of(f, format(w)); }
+uint8_t to_fp8(float f, Wire w) { return formats::fp8_code(f, formats::fp8_format(w)); }
 
 const float* fp8_values(Wire w) {
-  static const Table e4m3(format(Wire::kE4m3)), e5m2(format(Wire::kE5m2));
+  static const Table e4m3(formats::fp8_format(Wire::kE4m3)), e5m2(formats::fp8_format(Wire::kE5m2));
   return (w == Wire::kE4m3 ? e4m3 : e5m2).value;
 }
 
@@ -53,8 +50,8 @@ float scalar_amax_f32(const float* src, size_t n) {
 }
 
 void scalar_cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w) {
-  const Fp8 fp8 = format(w);
-  for (size_t i = 0; i < n; ++i) dst[i] = fp8_of(src[i] * scale, fp8);
+  const Fp8 fp8 = formats::fp8_format(w);
+  for (size_t i = 0; i < n; ++i) dst[i] = formats::fp8_code(src[i] * scale, fp8);
 }
 
 void scalar_restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w) {
@@ -94,9 +91,9 @@ double amax(const double* src, size_t n) {
 
 void cast(const double* src, uint8_t* dst, size_t n, float scale, Wire wire) {
   const detail::GradualUnderflow exact;
-  const Fp8 fp8 = format(wire);
+  const Fp8 fp8 = formats::fp8_format(wire);
   const double s = scale;
-  for (size_t i = 0; i < n; ++i) dst[i] = fp8_of(static_cast<float>(src[i] * s), fp8);
+  for (size_t i = 0; i < n; ++i) dst[i] = formats::fp8_code(static_cast<float>(src[i] * s), fp8);
   const detail::CensusSink& sink = detail::census_sink();
   if (!sink.census || !sink.stride) return;
   const float* value = detail::fp8_values(wire);

@@ -28,11 +28,8 @@ using detail::bits_of;
 using detail::float_of;
 using detail::MxBlockFormat;
 using detail::MxDecodeOp;
-
-size_t blocks(size_t n) { return (n + kMxBlock - 1) / kMxBlock; }
-
-
-size_t element_bytes(size_t n, Wire wire) { return wire == Wire::kMxfp4 ? (n + 1) / 2 : n; }
+using formats::mx_blocks;
+using formats::mx_element_bytes;
 
 float scale_of(uint8_t code) { return formats::mx_scale_value(code); }
 
@@ -94,7 +91,7 @@ void decode_block(uint8_t code, const uint8_t* elements, size_t m, Wire wire, fl
 
 template <typename Byte>
 Byte* block_elements(Byte* elements, size_t b, Wire wire) {
-  return elements + element_bytes(b * kMxBlock, wire);
+  return elements + mx_element_bytes(b * kMxBlock, wire);
 }
 
 // out[0..m) = the sum in rank order of the first m values of block b of k ranks' runs (rank r's scales
@@ -150,7 +147,7 @@ void encode(const T* src, size_t n, size_t count, float scale, Wire wire, MxScal
 // kernel, a short last one here.
 void decode(const uint8_t* in, size_t count, size_t n, Wire wire, float* out, MxDecodeOp op, float post) {
   const uint8_t* scales = in;
-  const uint8_t* elements = in + blocks(count);
+  const uint8_t* elements = in + mx_blocks(count);
   const size_t whole = n / kMxBlock;
   detail::active_kernels().mx_decode(scales, elements, whole, wire, out, op, post);
   if (whole * kMxBlock < n) {
@@ -189,15 +186,15 @@ void scalar_mx_sum(const uint8_t* const* scales, const uint8_t* const* elements,
 
 const char* mx_scale_name(MxScale rule) { return rule == MxScale::kFloor ? "floor" : "rceil"; }
 
-size_t mx_bytes(size_t n, Wire wire) { return blocks(n) + element_bytes(n, wire); }
+size_t mx_bytes(size_t n, Wire wire) { return mx_blocks(n) + mx_element_bytes(n, wire); }
 
 void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst) {
   const detail::GradualUnderflow exact;
-  encode(src, n, count, scale, wire, rule, dst, dst + blocks(count), detail::census_sink());
+  encode(src, n, count, scale, wire, rule, dst, dst + mx_blocks(count), detail::census_sink());
 }
 void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst) {
   const detail::GradualUnderflow exact;
-  encode(src, n, count, scale, wire, rule, dst, dst + blocks(count), detail::census_sink());
+  encode(src, n, count, scale, wire, rule, dst, dst + mx_blocks(count), detail::census_sink());
 }
 
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire) {
@@ -205,7 +202,7 @@ void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire)
   std::vector<const uint8_t*> scales(k), elements(k);
   for (size_t r = 0; r < k; ++r) {
     scales[r] = in[r];
-    elements[r] = in[r] + blocks(n);
+    elements[r] = in[r] + mx_blocks(n);
   }
   const size_t whole = n / kMxBlock;
   detail::active_kernels().mx_sum(scales.data(), elements.data(), k, whole, wire, dst);
@@ -226,14 +223,14 @@ void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxSc
     const size_t m = std::min(kPiece, n - first), b = first / kMxBlock;
     for (size_t r = 0; r < k; ++r) {
       scales[r] = in[r] + b;
-      elements[r] = in[r] + blocks(n) + element_bytes(first, wire);
+      elements[r] = in[r] + mx_blocks(n) + mx_element_bytes(first, wire);
     }
     const size_t whole = m / kMxBlock;
     detail::active_kernels().mx_sum(scales.data(), elements.data(), k, whole, wire, sums);
     if (whole * kMxBlock < m) {
       sum_block(scales.data(), elements.data(), k, whole, m - whole * kMxBlock, wire, sums + whole * kMxBlock);
     }
-    encode(sums, m, m, 1.0f, wire, rule, dst + b, dst + blocks(n) + element_bytes(first, wire), counts);
+    encode(sums, m, m, 1.0f, wire, rule, dst + b, dst + mx_blocks(n) + mx_element_bytes(first, wire), counts);
   }
 }
 
@@ -251,7 +248,7 @@ void mx_restore(const uint8_t* src, size_t count, double* dst, size_t n, float p
     const size_t m = std::min(kPiece, n - first);
     const size_t b = first / kMxBlock;
     const uint8_t* scales = src + b;
-    const uint8_t* elements = src + blocks(count) + element_bytes(first, wire);
+    const uint8_t* elements = src + mx_blocks(count) + mx_element_bytes(first, wire);
     const size_t whole = m / kMxBlock;
     detail::active_kernels().mx_decode(scales, elements, whole, wire, v, MxDecodeOp::kStore, 0.0f);
     if (whole * kMxBlock < m) {

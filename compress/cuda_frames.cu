@@ -19,13 +19,10 @@ constexpr size_t kHeaderBytes = 4;
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 constexpr unsigned kLanes = 32;
 
-__host__ __device__ size_t mx_blocks(size_t count) { return (count + kMxBlock - 1) / kMxBlock; }
-__host__ __device__ size_t mx_element_bytes(size_t count, Wire w) {
-  return w == Wire::kMxfp4 ? (count + 1) / 2 : count;
-}
+using fmt::mx_blocks;
 // The bytes of a frame's values, before its padding to 4 bytes.
 __host__ __device__ size_t filled_bytes(size_t count, Wire w) {
-  return is_mx(w) ? mx_blocks(count) + mx_element_bytes(count, w) : kHeaderBytes + count * wire_bytes(w);
+  return is_mx(w) ? mx_blocks(count) + fmt::mx_element_bytes(count, w) : kHeaderBytes + count * wire_bytes(w);
 }
 __host__ __device__ size_t padded(size_t bytes) { return (bytes + 3) / 4 * 4; }
 

@@ -100,6 +100,12 @@ CNCCL_HOST_DEVICE float e2m1_value(uint8_t code) {
   return code & 8 ? -magnitude : magnitude;
 }
 
+// An MX run of `count` values: its blocks (a scale byte each), then its elements' bytes (e2m1: two a byte).
+CNCCL_HOST_DEVICE size_t mx_blocks(size_t count) { return (count + kMxBlock - 1) / kMxBlock; }
+CNCCL_HOST_DEVICE size_t mx_element_bytes(size_t count, Wire wire) {
+  return wire == Wire::kMxfp4 ? (count + 1) / 2 : count;
+}
+
 // The scale 2^X of an MX block's code X + 127: 0xFF is NaN (a non-finite block), 0 the subnormal 2^-127.
 CNCCL_HOST_DEVICE float mx_scale_value(uint8_t code) {
   if (code == 0xFF) return float_of(kQuietNan);

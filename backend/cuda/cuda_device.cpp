@@ -86,6 +86,7 @@ class StreamEvent final : public composed::Event {
   std::optional<at::cuda::CUDAEvent> event_;
 };
 
+// The current stream of t's device, where its kernels run.
 cudaStream_t stream_of(const at::Tensor& t) { return at::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 // A frame kernel's workspace (a few bytes a rank), on t's device; the caching allocator keeps it for
@@ -157,7 +158,7 @@ class CudaDevice final : public composed::Device {
 
   void cast(const at::Tensor& wide, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
             uint64_t first) override {
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(wide.device().index()).stream();
+    const cudaStream_t stream = stream_of(wide);
     auto* dst = static_cast<uint16_t*>(wire.data_ptr());
     with_wide_data(wide, [&](auto* src) {
       const float scale = float(plan.pre_scale);
@@ -171,7 +172,7 @@ class CudaDevice final : public composed::Device {
   }
 
   void restore(const at::Tensor& wire, const at::Tensor& wide, const Plan& plan) override {
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(wide.device().index()).stream();
+    const cudaStream_t stream = stream_of(wide);
     const auto* src = static_cast<const uint16_t*>(wire.const_data_ptr());
     with_wide_data(wide, [&](auto* dst) {
       compress::cuda::restore(src, dst, wide.numel(), float(plan.post_scale), plan.wire, stream);
@@ -180,7 +181,7 @@ class CudaDevice final : public composed::Device {
 
   void sum(const at::Tensor& rows, const at::Tensor& wire, const Plan& plan, const compress::Dither& dither,
            uint64_t first) override {
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(wire.device().index()).stream();
+    const cudaStream_t stream = stream_of(wire);
     const auto* in = static_cast<const uint16_t*>(rows.const_data_ptr());
     auto* dst = static_cast<uint16_t*>(wire.data_ptr());
     const size_t k = size_t(rows.size(0)), stride = size_t(rows.stride(0)), n = size_t(rows.size(1));
@@ -189,7 +190,7 @@ class CudaDevice final : public composed::Device {
   }
 
   void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) override {
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(wide.device().index()).stream();
+    const cudaStream_t stream = stream_of(wide);
     const auto* src = static_cast<const uint16_t*>(rows.const_data_ptr());
     with_wide_data(wide, [&](auto* dst) {
       compress::cuda::sum(src, size_t(rows.size(0)), size_t(rows.stride(0)), dst, size_t(rows.size(1)),
