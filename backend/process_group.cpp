@@ -152,10 +152,11 @@ c10d::Backend& ProcessGroupCNCCL::cuda_path(const char* op) {
   args.group_uid = getGroupUid();
   args.group_desc = getGroupDesc();
   args.bound_device = getBoundDeviceId();
-  cuda_device_ = cuda::make_cuda_device(config_.telemetry != Telemetry::kOff);
-  auto composition = std::make_unique<composed::Composition>(cuda::make_nccl_engine(args), cuda_device_, config_,
-                                                             &stats_, rank_, size_);
+  composed::Engine engine = cuda::make_nccl_engine(args);
+  auto device = cuda::make_cuda_device(config_.telemetry != Telemetry::kOff);
+  auto composition = std::make_unique<composed::Composition>(std::move(engine), device, config_, &stats_, rank_, size_);
   cuda_ = c10::make_intrusive<composed::ComposedPath>(rank_, size_, std::move(composition));
+  cuda_device_ = std::move(device);
   return *cuda_;
 #else
   TORCH_CHECK(false, "cnccl ", op, ": CUDA tensors need cnccl's CUDA path, which this build does not have (it was "

@@ -120,8 +120,8 @@ class Composition {
   // frame for this one, rank 0 first. From kFrameChunks x kOwnerChunkBytes of frames on, the all-to-all
   // goes in kFrameChunks column chunks through one buffer each way, each chunk received into the columns
   // it was sent from, so that the call holds (1 + 2/kFrameChunks) x the frames' bytes (docs/design.md,
-  // "Numerics", Memory); `waited` then, and the chunks' copies ran on the restore's stream, which stays
-  // current while `on_restore_stream` lives. Below, `frames` is a second buffer the engine receives into.
+  // "Numerics", Memory); `waited` then, and the copies after the first chunk's all-to-all ran on the
+  // restore's stream, which stays current while `on_restore_stream` lives. Below, `frames` is a second buffer the engine receives into.
   struct FramesAtOwners {
     at::Tensor frames;
     std::vector<EngineCall> calls;

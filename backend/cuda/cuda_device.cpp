@@ -278,15 +278,23 @@ class CudaDevice final : public composed::Device {
     for (const auto& b : buffers) b.record_stream(stream);
   }
 
-  // The counters' latest values: what the kernels that finished by now counted. Read through a stream of
-  // cnccl's own, which waits for nothing else (a hung collective cannot hold it); while the device's
-  // current stream is being captured, or if the read fails, the values read last.
+  // The counters' latest values: what the kernels had counted by then (one still running, part of its
+  // count). Read through a stream of cnccl's own, which waits for nothing else (a hung collective cannot
+  // hold it), outside the lock the issuing threads take; in relaxed capture mode, so that a graph another
+  // thread captures is not spoiled; while this thread's current stream is being captured, or if the read
+  // fails, the values read last.
   compress::Census cast_counts() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& c : counts_) {
-      if (!c.on_device) continue;
+    std::vector<std::pair<size_t, Counters>> all;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (size_t i = 0; i < counts_.size(); ++i) {
+        if (counts_[i].on_device) all.emplace_back(i, counts_[i]);
+      }
+    }
+    for (auto& [index, c] : all) {
       const c10::cuda::CUDAGuard guard(c.reader->device_index());
       if (cuda::capturing()) continue;
+      const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
       compress::cuda::CastCounts read{};
       if (cudaMemcpyAsync(&read, c.on_device, sizeof read, cudaMemcpyDeviceToHost, c.reader->stream()) ==
               cudaSuccess &&
@@ -297,6 +305,8 @@ class CudaDevice final : public composed::Device {
       }
     }
     compress::Census census;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [index, c] : all) counts_[index].last = c.last;
     for (const auto& c : counts_) {
       census.nonfinite += c.last.nonfinite;
       census.saturated += c.last.saturated;
@@ -325,6 +335,8 @@ class CudaDevice final : public composed::Device {
       const c10::cuda::CUDAGuard guard(index);
       if (cuda::capturing()) return nullptr;
       c.reader = own_streams().take(index);
+      // As the caching allocator's own cudaMalloc: a graph another thread captures stays valid.
+      const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
       void* memory = nullptr;
       C10_CUDA_CHECK(cudaMalloc(&memory, sizeof(compress::cuda::CastCounts)));
       C10_CUDA_CHECK(cudaMemsetAsync(memory, 0, sizeof(compress::cuda::CastCounts), c.reader->stream()));
