@@ -401,10 +401,13 @@ void ShmComm::wait_one(int peer, Counter counter, uint64_t step) {
     }
     // A peer that failed a collective (publish_failure) posts nothing more, in it or after it: its
     // group is unusable. An earlier one counts too: a call can fail on some ranks only (a wire per
-    // level's reduce_scatter has no step inside a host after its step across hosts).
+    // level's reduce_scatter has no step inside a host after its step across hosts). A later one does
+    // not: that peer posted all of this collective before it moved on (a reduce's non-root leaves
+    // while its root still waits on a slow owner), so this one can still finish; the next wait on it
+    // fails.
     for (int other = 0; other < size_; ++other) {
       const uint64_t failed = control(other).failed.value.load(std::memory_order_acquire);
-      if (other == rank_ || failed == 0) continue;
+      if (other == rank_ || failed == 0 || failed > seq_ + 1) continue;
       fail("rank " + std::to_string(global_rank(other)) +
                (failed == seq_ + 1 ? std::string(" failed this collective: ")
                                    : " failed an earlier collective (seq " + std::to_string(failed - 1) + "): ") +

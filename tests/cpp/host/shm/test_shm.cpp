@@ -429,6 +429,43 @@ TEST(Shm, APeerThatFailedAnEarlierCollectiveFailsTheNextAtOnce) {
       << error;
 }
 
+// A one-host reduce() at 3 ranks: the root (0) waits on a slow owner (1) while a non-root (2), which
+// posted all of this collective and left, fails the next one. That failure is not this collective's:
+// the root finishes when the slow owner posts, and does not call seq 8 "an earlier collective".
+TEST(Shm, APeerThatFailedALaterCollectiveLeavesThisOneToFinish) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(3);
+  std::atomic<bool> failed_later{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::string why;
+        auto shm = ShmComm::connect(*store, r, 3, "memory", true, &why);
+        if (!shm) throw std::runtime_error("no shared memory: " + why);
+        shm->begin("reduce", 7, std::chrono::seconds(30), "same");
+        const uint64_t step = shm->acquire();
+        if (r == 1) {
+          while (!failed_later) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the root sleeps on it meanwhile
+        }
+        shm->post(ShmComm::kPosted, step);
+        if (r == 2) {
+          shm->begin("allreduce", 8, std::chrono::seconds(30), "same");
+          shm->publish_failure("its peer across hosts died");
+          failed_later = true;
+          return;
+        }
+        if (r == 0) shm->wait_all(ShmComm::kPosted, step);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  expect_no_errors(errors);
+}
+
 TEST(Shm, AbortWakesAWaitingRank) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::string error;
