@@ -110,7 +110,7 @@ HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int s
                       "CNCCL_INTER_HOST_WIRE (Options.inter_host_wire)");
     config_.inter_host_wire.reset();
   }
-  executor_ = std::make_shared<Executor>(*comm_);
+  executor_ = std::make_shared<Executor>(*comm_, cross_.get());
   executor_id_ = executor_.get();
 }
 
@@ -205,9 +205,9 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
       // rank learns it at its next wait on this one, in this call or a later one (a call may fail on some
       // ranks only): in shared memory, on the group's Comm, and across hosts, where only a notice
       // reaches a rank that waits on the per-host Comm. Not after abort() or shutdown(): this rank stops,
-      // the others are not told to.
-      if (shm_ && posts) shm_->publish_failure(what);
+      // the others are not told to (docs/design.md, "A rank that fails alone").
       if (posts && !comm_->aborted()) {
+        if (shm_) shm_->publish_failure(what);
         comm_->notify_peers(what);
         if (cross_) cross_->notify_peers(what);
       }

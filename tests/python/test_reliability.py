@@ -302,6 +302,32 @@ def a_call_whose_peers_never_come_fails_at_the_timeout_and_abort_ends_it(ctx):
         dist.destroy_process_group(g)
 
 
+@case(min_world=2)
+def an_aborted_rank_tells_its_peers_nothing(ctx):
+    """abort() stops this rank alone (docs/design.md, "A rank that fails alone"): the call it ends fails
+    here, and a peer that comes to that call later waits to its deadline, as NCCL's peers do; it is not
+    told "rank 0 failed this collective" through shared memory or a notice."""
+    timeout = 3
+    g = ctx.group(timeout=timeout)
+    # Past one chunk: rank 0 posted its first contribution before it aborted, and a one-shot call needs
+    # nothing more of it.
+    t = torch.full((1 << 20,), 1.0)
+    if ctx.rank == 0:
+        work = dist.all_reduce(t, group=g, async_op=True)
+        time.sleep(0.3)  # the executor waits on its peers by now
+        g.abort()
+        expect_failure(work.wait, "abort")
+    dist.barrier(group=ctx.gloo)
+    if ctx.rank != 0 and host_path(g):
+        start = time.monotonic()
+        # At 4 ranks a survivor may hear of another's timeout first; none hears of rank 0's abort.
+        msg = expect_failure(lambda: dist.all_reduce(t, group=g), "timed out")
+        assert "rank 0 failed" not in msg and "abort" not in msg, msg
+        assert time.monotonic() - start >= timeout / 2
+    dist.barrier(group=ctx.gloo)
+    dist.destroy_process_group(g)
+
+
 @case
 def shutdown_then_use_is_a_clear_error(ctx):
     g = ctx.group()
