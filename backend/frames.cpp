@@ -108,6 +108,7 @@ std::vector<at::Tensor> parts_of(const at::Tensor& flat, int64_t parts, int64_t 
 
 void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, compress::Wire wire,
             compress::MxScale mx_scale, const at::Tensor& frames) {
+  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
   const int64_t bytes = payload_bytes(count, wire);
   TORCH_CHECK(frames.is_cpu() && frames.scalar_type() == at::kByte && frames.is_contiguous() && frames.dim() == 2 &&
                   frames.size(0) == int64_t(rows.size()) && frames.size(1) == frame_bytes(count, wire),
@@ -133,6 +134,7 @@ void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, co
 }
 
 at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::Wire wire, const at::Tensor& out) {
+  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
   TORCH_CHECK(out.is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() == count,
               "cnccl: a frame sum needs a contiguous fp32 CPU output of ", count, " elements");
   std::vector<const uint8_t*> in;
@@ -148,6 +150,7 @@ at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::W
 
 void sum_encode(const at::Tensor& frames, int64_t count, compress::Wire wire, compress::MxScale mx_scale,
                 const at::Tensor& out) {
+  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
   TORCH_CHECK(frames.is_cpu() && frames.scalar_type() == at::kByte && frames.dim() == 2 && frames.stride(1) == 1 &&
                   frames.size(1) == frame_bytes(count, wire) && out.is_contiguous() &&
                   out.numel() == frames.size(1),
@@ -196,6 +199,7 @@ void sum_encode(const at::Tensor& frames, int64_t count, compress::Wire wire, co
 }
 
 void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, double post_scale, const at::Tensor& dst) {
+  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
   TORCH_CHECK(frames.is_cpu() && dst.is_cpu(), "cnccl: frames::restore runs on CPU tensors");
   const int64_t n = dst.numel();
   if (!n) return;
@@ -234,6 +238,7 @@ void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, doubl
 int64_t payload_offset(compress::Wire wire) { return header_bytes(wire); }
 
 int32_t row_exponent(const at::Tensor& row, double scale, compress::Wire wire) {
+  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
   TORCH_CHECK(row.is_cpu() && row.is_contiguous() && !compress::is_mx(wire), "cnccl: row_exponent takes a contiguous "
               "CPU row of a power-of-two frame");
   int32_t k = 0;
@@ -243,6 +248,7 @@ int32_t row_exponent(const at::Tensor& row, double scale, compress::Wire wire) {
 }
 
 int32_t sum_exponent(float amax, const at::Tensor& sums, compress::Wire wire) {
+  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
   TORCH_CHECK(sums.is_cpu() && sums.is_contiguous() && sums.scalar_type() == at::kFloat && !compress::is_mx(wire),
               "cnccl: sum_exponent takes the contiguous fp32 sums of a power-of-two frame");
   return exponent_of_amax(amax, sums.const_data_ptr<float>(), sums.numel(), 1.0f, wire);
@@ -264,6 +270,7 @@ struct PieceValues {
 
 void encode_piece(const at::Tensor& row, int32_t k, double scale, compress::Wire wire, int64_t count, int64_t from,
                   int64_t len, uint8_t* dst) {
+  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
   const int64_t width = int64_t(compress::wire_bytes(wire)), end = from + len, given = row.numel();
   for (int64_t b = from; b < std::min(end, kHeaderBytes); ++b) dst[b - from] = reinterpret_cast<const uint8_t*>(&k)[b];
   const PieceValues v(count, width, from, len);
@@ -284,6 +291,7 @@ void encode_piece(const at::Tensor& row, int32_t k, double scale, compress::Wire
 
 float sum_pieces(const uint8_t* const* pieces, int64_t ranks, int32_t* k, compress::Wire wire, int64_t count,
                  int64_t from, int64_t len, float* out) {
+  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
   const int64_t width = int64_t(compress::wire_bytes(wire));
   if (from == 0) {
     TORCH_INTERNAL_ASSERT(len >= kHeaderBytes, "a frame's first piece holds its whole header");
@@ -304,6 +312,7 @@ float sum_pieces(const uint8_t* const* pieces, int64_t ranks, int32_t* k, compre
 
 void restore_piece(const uint8_t* piece, int32_t* k, int64_t sender, compress::Wire wire, int64_t count, int64_t given,
                    int64_t from, int64_t len, double post_scale, at::ScalarType dtype, void* dst) {
+  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
   const int64_t width = int64_t(compress::wire_bytes(wire));
   if (from == 0) {
     TORCH_INTERNAL_ASSERT(len >= kHeaderBytes, "a frame's first piece holds its whole header");

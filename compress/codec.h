@@ -69,6 +69,21 @@ class CensusSamplesPaused {
  private:
   size_t saved_stride_;
 };
+// While it lives, this thread computes with fp32 subnormals (clears MXCSR's FTZ and DAZ; restores them
+// after). Every public kernel keeps them, as the CUDA kernels and the definition do: MX blocks scaled by
+// 2^-127, frames' values times 2^-k, bf16's subnormals widened. A group's threads take its creator's
+// floating-point settings, which may flush (torch.set_flush_denormal sets FTZ and DAZ): the kernels, and
+// the backend's own arithmetic on a defined result's bits (frame exponents, a level's fp32 sums), hold one.
+class GradualUnderflow {
+ public:
+  GradualUnderflow();
+  ~GradualUnderflow();
+  GradualUnderflow(const GradualUnderflow&) = delete;
+  GradualUnderflow& operator=(const GradualUnderflow&) = delete;
+
+ private:
+  unsigned saved_ = 0;
+};
 // Counts n values src[i] * scale as a cast to `wire` meets them into this thread's census, if any:
 // for the callers that know a cast met values it did not count (an 8-bit frame, which counts nothing
 // while its exponent keeps every value in range, and only then).

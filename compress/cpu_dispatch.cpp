@@ -6,6 +6,10 @@
 
 #include "compress/cpu_kernels.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace cnccl::compress {
 namespace {
 
@@ -67,6 +71,14 @@ void count_values(const T* src, size_t n, float scale, Wire wire) {
 }
 
 }  // namespace
+
+#if defined(__x86_64__)
+GradualUnderflow::GradualUnderflow() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~0x8040u); }
+GradualUnderflow::~GradualUnderflow() { _mm_setcsr(saved_); }
+#else
+GradualUnderflow::GradualUnderflow() = default;
+GradualUnderflow::~GradualUnderflow() = default;
+#endif
 
 namespace detail {
 
@@ -135,43 +147,43 @@ void set_cpu_path(CpuPath path) {
 }
 
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   active().cast_f32(src, dst, n, scale, wire, detail::census_sink().census);
   sample_casts(src, n, scale, wire);
 }
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   active().cast_f64(src, dst, n, scale, wire, detail::census_sink().census);
   sample_casts(src, n, scale, wire);
 }
 void restore(const uint16_t* src, float* dst, size_t n, float scale, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   active().restore_f32(src, dst, n, scale, wire);
 }
 void restore(const uint16_t* src, double* dst, size_t n, float scale, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   active().restore_f64(src, dst, n, scale, wire);
 }
 void add(uint16_t* acc, const uint16_t* in, size_t n, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   active().add(acc, in, n, wire);
 }
 void cast_add(const float* src, const uint16_t* in, uint16_t* acc, size_t n, float scale, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   active().cast_add_f32(src, in, acc, n, scale, wire, detail::census_sink().census);
   sample_casts(src, n, scale, wire);
 }
 void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   active().sum(in, k, dst, n, wire);
 }
 void sum(const uint16_t* const* in, size_t k, float* dst, size_t n, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   active().sum_f32(in, k, dst, n, wire);
 }
 float amax(const float* src, size_t n) { return active().amax_f32(src, n); }
 void cast(const float* src, uint8_t* dst, size_t n, float scale, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   active().cast8_f32(src, dst, n, scale, wire);
   const detail::CensusSink& sink = detail::census_sink();
   if (!sink.census || !sink.stride) return;
@@ -179,7 +191,7 @@ void cast(const float* src, uint8_t* dst, size_t n, float scale, Wire wire) {
   for (size_t i = 0; i < n; i += sink.stride) detail::sample(src[i] * scale, value[dst[i]], *sink.census);
 }
 void restore(const uint8_t* src, float* dst, size_t n, float scale, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   active().restore8_f32(src, dst, n, scale, wire);
 }
 

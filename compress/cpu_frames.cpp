@@ -90,7 +90,7 @@ double amax(const double* src, size_t n) {
 }
 
 void cast(const double* src, uint8_t* dst, size_t n, float scale, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   const Fp8 fp8 = formats::fp8_format(wire);
   const double s = scale;
   for (size_t i = 0; i < n; ++i) dst[i] = formats::fp8_code(static_cast<float>(src[i] * s), fp8);
@@ -103,14 +103,14 @@ void cast(const double* src, uint8_t* dst, size_t n, float scale, Wire wire) {
 }
 
 void restore(const uint8_t* src, double* dst, size_t n, float scale, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   const float* value = detail::fp8_values(wire);
   const double s = scale;
   for (size_t i = 0; i < n; ++i) dst[i] = static_cast<double>(value[src[i]]) * s;
 }
 
 void scaled_sum(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   detail::active_kernels().scaled_sum_f32(in, scales, k, dst, n, wire);
 }
 

@@ -76,23 +76,6 @@ struct Fp8Rounding {
   int top;               // the code of an overflow
 };
 
-// Every public kernel keeps fp32 subnormals, as the CUDA kernels and the definition do: MX blocks scaled by
-// 2^-127, frames' values times 2^-k, bf16's subnormals widened. A group's threads take its creator's
-// floating-point settings, which may flush (torch.set_flush_denormal sets FTZ and DAZ): the public kernels
-// clear both for their call.
-class GradualUnderflow {
- public:
-#if defined(__x86_64__)
-  GradualUnderflow() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~0x8040u); }
-  ~GradualUnderflow() { _mm_setcsr(saved_); }
-
- private:
-  unsigned saved_;
-#else
-  GradualUnderflow() {}
-#endif
-};
-
 // The kernels in use (cpu_dispatch.cpp, set_cpu_path).
 const CpuKernels& active_kernels();
 

@@ -189,16 +189,16 @@ const char* mx_scale_name(MxScale rule) { return rule == MxScale::kFloor ? "floo
 size_t mx_bytes(size_t n, Wire wire) { return mx_blocks(n) + mx_element_bytes(n, wire); }
 
 void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   encode(src, n, count, scale, wire, rule, dst, dst + mx_blocks(count), detail::census_sink());
 }
 void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   encode(src, n, count, scale, wire, rule, dst, dst + mx_blocks(count), detail::census_sink());
 }
 
 void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   std::vector<const uint8_t*> scales(k), elements(k);
   for (size_t r = 0; r < k; ++r) {
     scales[r] = in[r];
@@ -212,7 +212,7 @@ void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire)
 }
 
 void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxScale rule, uint8_t* dst) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   // A piece at a time through a sum that stays in L1; the census counts, but takes no samples: the
   // sums are not a rank's contribution.
   constexpr size_t kPiece = 64 * kMxBlock;
@@ -235,11 +235,11 @@ void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxSc
 }
 
 void mx_restore(const uint8_t* src, size_t count, float* dst, size_t n, float post, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   decode(src, count, n, wire, dst, MxDecodeOp::kScale, post);
 }
 void mx_restore(const uint8_t* src, size_t count, double* dst, size_t n, float post, Wire wire) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   // Decoded in pieces to fp32 (exact), then T(v) * T(post) in fp64.
   constexpr size_t kPiece = 64 * kMxBlock;
   float v[kPiece];

@@ -32,18 +32,18 @@ void cast_stochastically(const T* src, uint16_t* dst, size_t n, float scale, Wir
 }  // namespace
 
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   cast_stochastically(src, dst, n, scale, wire, dither, first);
 }
 
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   cast_stochastically(src, dst, n, scale, wire, dither, first);
 }
 
 void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire, const Dither& dither,
          uint64_t first) {
-  const detail::GradualUnderflow exact;
+  const GradualUnderflow exact;
   for (size_t i = 0; i < n; ++i) {
     float s = detail::from_wire(in[0][i], wire);
     for (size_t j = 1; j < k; ++j) s += detail::from_wire(in[j][i], wire);

@@ -86,12 +86,16 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<at::Tensor>()>
   auto heard = std::make_shared<std::vector<int32_t>>(ranks);  // every local rank's exponent of this part
   Step step;
   step.workspace_bytes = total_at + size_t(sub) * sizeof(float);
+  // The level's own fp32 arithmetic (the pre-scale, the sums) keeps subnormals whatever the thread's
+  // floating-point settings, as the kernels do: the bits are defined with them.
   step.pre = [=](const Buffers&) {
+    const compress::GradualUnderflow exact;
     *rows = make_rows();
     if (inside.form != LevelForm::kFrames) return;
     for (int q = 0; q < ranks; ++q) (*mine)[q] = frames::row_exponent((*rows)[q], plan.pre_scale, inside.wire);
   };
   step.algorithm = [=, this](const Buffers& b) {
+    const compress::GradualUnderflow exact;
     comm_->end();  // the group's signature agreement, before any data moves
     if (count == 0) return;
     // 1. Inside the host: the fp32 sums of this local rank's part.

@@ -12,6 +12,11 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <tuple>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "backend/composed/device.h"
 #include "backend/frames.h"
@@ -222,6 +227,45 @@ TEST(Frames, ThePowerOfTwoIsExactWhereNothingOverflowsOrUnderflows) {
   std::memcpy(&k, frames.const_data_ptr<uint8_t>(), 4);
   EXPECT_EQ(k, 15 - 7) << "amax in [64, 128): 2^7 -> 2^14";
 }
+
+#if defined(__x86_64__)
+// A thread that flushes subnormals (torch.set_flush_denormal(True) sets MXCSR's FTZ and DAZ; a group's
+// threads take their creator's) gets the frames a thread that keeps them gets: the exponent of a row whose
+// amax times its scale is subnormal (an fp32 subnormal, an fp64 value that is one in fp32, a small value
+// times a small scale), and a restore whose post-scale times 2^-k is (0.01 x 2^-126). The oracle is
+// computed with flushing off.
+TEST(Frames, AThreadThatFlushesSubnormalsGetsTheSameExponentsAndValues) {
+  const int64_t count = 96;
+  const std::vector<std::pair<at::Tensor, double>> cases{
+      {at::full({count}, 3e-39f), 1.0},
+      {at::full({count}, 1e-40, at::kDouble), 1.0},
+      {at::linspace(1e-10, 2e-10, count), 1e-30},
+  };
+  auto run = [&](const at::Tensor& row, double scale, Wire w) {
+    at::Tensor frame = at::empty({1, frame_bytes(count, w)}, at::kByte);
+    encode({row}, count, scale, w, compress::MxScale::kRceil, frame);
+    at::Tensor back = at::empty({count}, row.scalar_type());
+    int32_t k = 0;
+    restore_piece(frame.const_data_ptr<uint8_t>(), &k, 0, w, count, count, 0, frame.size(1), 0.01,
+                  row.scalar_type(), back.data_ptr());
+    return std::make_tuple(row_exponent(row.contiguous(), scale, w), frame, back);
+  };
+  for (Wire w : {Wire::kFp16, Wire::kBf16, Wire::kE4m3, Wire::kE5m2}) {
+    for (const auto& [row, scale] : cases) {
+      const auto [k, frame, back] = run(row, scale, w);
+      const unsigned saved = _mm_getcsr();
+      _mm_setcsr(saved | 0x8040u);
+      const auto [k_flushing, frame_flushing, back_flushing] = run(row, scale, w);
+      _mm_setcsr(saved);
+      const std::string what = "wire " + std::to_string(int(w)) + ", scale " + std::to_string(scale);
+      EXPECT_EQ(k_flushing, k) << what;
+      EXPECT_GT(k, 100) << what << ": the row's amax is far below the wire's";
+      EXPECT_TRUE(at::equal(frame_flushing, frame)) << what;
+      expect_same_bits(back_flushing, back, what);
+    }
+  }
+}
+#endif
 
 // A peer's exponent outside [-126, 126] (corruption, another version): the kernels name the rank whose
 // frame it is (the CUDA kernels, which cannot raise, decode it as NaN: test_codec_cuda.cpp).
