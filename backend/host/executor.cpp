@@ -44,12 +44,19 @@ void set_fp_environment([[maybe_unused]] unsigned environment) {
 
 }  // namespace
 
-Executor::Executor(Comm& comm) : comm_(comm), fp_environment_(fp_environment()) {
+Executor::Executor(Comm& comm, Comm* across) : comm_(comm), across_(across), fp_environment_(fp_environment()) {
   std::lock_guard<std::mutex> lock(mutex_);
   threads_.emplace_back([this] { loop(); });
 }
 
 Executor::~Executor() { stop(); }
+
+bool Executor::has_background() const { return comm_.has_background() || (across_ && across_->has_background()); }
+
+bool Executor::poll() {
+  const bool progressed = comm_.poll();
+  return (across_ && across_->poll()) || progressed;
+}
 
 uint64_t Executor::submit(std::function<void()> job) {
   uint64_t ticket;
@@ -113,7 +120,7 @@ void Executor::run_leading_here(std::function<void()>& job, std::unique_lock<std
 void Executor::finish_leading_here(std::unique_lock<std::mutex>& lock) {
   std::vector<std::function<void()>> done;
   done.swap(completions_);
-  background_ = comm_.has_background();
+  background_ = has_background();
   leading_ = false;
   // Jobs submitted meanwhile, and stop(), wait for the lead. Only they: a needless wake-up of the
   // idle executor thread costs a context switch on the caller's core at every call.
@@ -201,7 +208,7 @@ void Executor::loop() {
     lead(lock);
     std::vector<std::function<void()>> done;
     done.swap(completions_);
-    background_ = comm_.has_background();
+    background_ = has_background();
     leading_ = false;
     if (!queue_.empty() || background_) lead_cv_.notify_one();
     lock.unlock();
@@ -221,7 +228,7 @@ void Executor::lead(std::unique_lock<std::mutex>& lock) {
     // something, submit() or stop() wakes it, or kIdleWait passes (a message's deadline is checked
     // that often), rather than poll: a rank blocked in irecv for seconds uses next to no CPU.
     lock.unlock();
-    while (comm_.poll()) {
+    while (poll()) {
     }
     comm_.wait_for_activity(kIdleWait);
     lock.lock();
@@ -238,8 +245,11 @@ void Executor::lead(std::unique_lock<std::mutex>& lock) {
     job();
     release_gate::drop(job);
   } else {
-    if (stopping) comm_.abort("the process group was shut down");
-    while (comm_.poll()) {
+    if (stopping) {
+      comm_.abort("the process group was shut down");
+      if (across_) across_->abort("the process group was shut down");
+    }
+    while (poll()) {
     }
   }
   lock.lock();

@@ -26,7 +26,10 @@ namespace cnccl::host {
 
 class Executor {
  public:
-  explicit Executor(Comm& comm);
+  // `comm` carries the group's messages; `across`, where the group spans hosts that share memory,
+  // the messages between hosts (HostPath::cross_). The idle loop polls both while either has
+  // messages in flight (point-to-point ones, a failed call's notices).
+  explicit Executor(Comm& comm, Comm* across = nullptr);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -65,7 +68,12 @@ class Executor {
   // Runs the deferred completions, unlocked.
   void complete(std::unique_lock<std::mutex>& lock);
 
+  // Whether either Comm has messages in flight; polls both.
+  bool has_background() const;
+  bool poll();
+
   Comm& comm_;
+  Comm* const across_;
   std::mutex mutex_;
   std::condition_variable lead_cv_;  // threads waiting to lead
   std::deque<std::function<void()>> queue_;

@@ -42,6 +42,7 @@ void Comm::begin(const char* op, uint64_t seq, std::chrono::milliseconds timeout
   settle_headers();
   op_ = op;
   seq_ = seq;
+  timeout_ = timeout;
   deadline_ = Clock::now() + timeout;
   if (size() == 1) return;
   const std::string text = fit_signature(std::string(op) + "(" + signature + ")", kHeaderBytes);
@@ -90,26 +91,26 @@ void Comm::notify_peers(const std::string& what) {
   what.copy(notice_out_.data(), notice_out_.size() - 1);
   const uint64_t tag = tags::notice(rank());
   for (int peer = 0; peer < size(); ++peer) {
-    // Not to a peer known dead: the wait below would be for a send that never completes.
+    // Not to a peer known dead: its send would never complete.
     if (peer == rank() || !peer_failure(peer).empty()) continue;
     // A peer whose connection fails must not hide the notice from the others.
     try {
-      notice_sends_.push_back(transport_->isend(peer, tag, notice_out_.data(), notice_out_.size()));
+      notice_sends_.push_back({transport_->isend(peer, tag, notice_out_.data(), notice_out_.size()), peer,
+                               notice_out_.size(), false});
     } catch (const std::exception&) {
     }
   }
-  // Push the notices out now: once this collective has failed, nothing progresses this group's
-  // transport again. Bounded, since a peer may be gone.
-  const auto until = Clock::now() + std::chrono::seconds(1);
-  auto all_sent = [this] {
-    for (const auto& r : notice_sends_) {
-      if (!r->done()) return false;
-    }
-    return true;
-  };
-  while (!all_sent() && Clock::now() < until) {
-    if (!transport_->progress()) transport_->wait_for_activity(kMaxSleep);
+  // Not waited for here: the group's idle loop (Executor) polls this Comm while a notice is in flight
+  // (has_background), as long as a peer may still wait for it: the failed collective's timeout.
+  notices_until_ = Clock::now() + timeout_;
+}
+
+bool Comm::notices_in_flight() const {
+  if (aborted_ || Clock::now() > notices_until_) return false;
+  for (const auto& notice : notice_sends_) {
+    if (!notice.request->done() && peer_failure(notice.peer).empty()) return true;
   }
+  return false;
 }
 
 uint64_t Comm::collective_tag(int source, uint32_t slot) const {

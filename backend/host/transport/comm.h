@@ -54,7 +54,8 @@ class Comm {
   // Settles the collective's headers (for a body that waited on nothing, or on nothing more).
   void end();
   // Tells every other rank why this one failed its collective (a disagreement it found, or any failure):
-  // their waits fail with it at once instead of at the deadline. Bounded: a peer may be gone.
+  // their waits fail with it at once instead of at the deadline. Returns at once: the notices are in
+  // flight (has_background) until sent, their peer is known dead, abort(), or the collective's timeout.
   void notify_peers(const std::string& what);
 
   // Collective messages of the current operation; `slot` tells apart the messages one pair of
@@ -73,7 +74,8 @@ class Comm {
   void post_send(int peer, int user_tag, const void* data, size_t bytes, std::chrono::milliseconds timeout,
                  P2pDone done);
   void post_recv(int peer, int user_tag, void* data, size_t bytes, std::chrono::milliseconds timeout, P2pDone done);
-  bool has_background() const { return !background_.empty(); }
+  // Point-to-point messages or notices in flight: someone must poll().
+  bool has_background() const { return !background_.empty() || notices_in_flight(); }
   // Advances the transport and completes finished point-to-point messages.
   bool poll();
   // Sleeps until a message may have arrived, wake() is called, or `limit` has passed (a background
@@ -117,6 +119,7 @@ class Comm {
   void settle_headers();
   // Fails with a notice another rank sent, if one has arrived.
   void check_notices() const;
+  bool notices_in_flight() const;
   // Fails with `what`, or with a notice that arrives within a short grace and explains it.
   [[noreturn]] void fail_after_notices(const std::string& what, int peer);
   // Why messages with `peer` cannot complete ("" while they can): its process exited, or the
@@ -135,10 +138,12 @@ class Comm {
   std::list<Background> background_;
   std::vector<Pending> headers_;  // of the collective in flight, until settled
   std::vector<std::unique_ptr<Request>> notice_recvs_;
-  std::vector<std::unique_ptr<Request>> notice_sends_;
+  std::vector<Pending> notice_sends_;
+  Clock::time_point notices_until_;
   std::string group_;  // "group 'name'" and the level, for messages
   const char* op_ = "";
   uint64_t seq_ = 0;
+  std::chrono::milliseconds timeout_{0};
   Clock::time_point deadline_;
   uint16_t signature_hash_ = 0;  // of the collective in flight, in its data messages' tags
   std::function<std::string(int)> exited_;
