@@ -6,7 +6,7 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <filesystem>
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -14,29 +14,27 @@
 #include "backend/host/fault_injection.h"
 
 namespace cnccl::host {
+
+bool tcp_on_every_lane(const char* ucx_tls) {
+  if (!ucx_tls || !*ucx_tls) return false;  // UCX's default: shared memory and cma on the host, RDMA if any
+  std::string list(ucx_tls);
+  for (size_t from = 0; from <= list.size();) {
+    const size_t comma = std::min(list.find(',', from), list.size());
+    const std::string name = list.substr(from, comma - from);
+    // "self" carries a rank's messages to itself only; anything else (an exclusion list too) may be
+    // shared memory or RDMA.
+    if (name != "tcp" && name != "self") return false;
+    from = comma + 1;
+  }
+  return true;
+}
+
 namespace {
 
 void check_ucs(ucs_status_t status, const char* what) {
   if (status != UCS_OK) {
     C10_THROW_ERROR(DistBackendError, std::string("cnccl: UCX ") + what + " failed: " + ucs_status_string(status));
   }
-}
-
-// Whether UCX can reach another host only through sockets: no RDMA device on this host, or a
-// UCX_TLS that names no RDMA transport.
-bool sockets_between_hosts() {
-  if (const char* tls = std::getenv("UCX_TLS")) {
-    std::string list(tls);
-    if (!list.empty() && list[0] == '^') return false;  // an exclusion list leaves RDMA in
-    for (const char* rdma : {"rc", "dc", "ud", "ib"}) {
-      for (size_t at = list.find(rdma); at != std::string::npos; at = list.find(rdma, at + 1)) {
-        if (at == 0 || list[at - 1] == ',') return false;
-      }
-    }
-    return true;
-  }
-  std::error_code error;
-  return std::filesystem::is_empty("/sys/class/infiniband", error) || error;
 }
 
 // One UCX context per process, shared by every group's worker: contexts are heavy (they map
@@ -59,8 +57,11 @@ std::shared_ptr<ucp_context> shared_context() {
   // Over TCP a rendezvous costs a control message each way, and in a ring each one queues behind
   // the megabytes of the step's data flowing the other way in the same socket: the link idled a
   // third of the time (docs/benchmarks.md, "Across a link"). Eager messages stream with no
-  // handshake. Over RDMA rendezvous is zero-copy and stays. A user's own setting wins.
-  if (!std::getenv("UCX_RNDV_THRESH") && sockets_between_hosts()) ucp_config_modify(config, "RNDV_THRESH", "inf");
+  // handshake. UCX 1.13 has one threshold for every lane, so only where every lane is TCP: over
+  // shared memory and RDMA a rendezvous is zero-copy and stays. A user's own setting wins.
+  if (!std::getenv("UCX_RNDV_THRESH") && tcp_on_every_lane(std::getenv("UCX_TLS"))) {
+    ucp_config_modify(config, "RNDV_THRESH", "inf");
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
   // WAKEUP lets a waiting rank sleep in the kernel until a message arrives instead of polling.

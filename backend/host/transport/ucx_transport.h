@@ -15,6 +15,10 @@
 
 namespace cnccl::host {
 
+// Whether a UCX_TLS setting (nullptr: unset) leaves UCX nothing but TCP between ranks, where the
+// transport turns rendezvous off (UCX_RNDV_THRESH=inf: ucx_transport.cpp, shared_context).
+bool tcp_on_every_lane(const char* ucx_tls);
+
 class UcxTransport final : public Transport {
  public:
   UcxTransport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size);
