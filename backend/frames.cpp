@@ -238,12 +238,30 @@ void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, doubl
 int64_t payload_offset(compress::Wire wire) { return header_bytes(wire); }
 
 int32_t row_exponent(const at::Tensor& row, double scale, compress::Wire wire) {
+  return row_exponent(std::vector<at::Tensor>{row}, scale, wire);
+}
+
+int32_t row_exponent(const std::vector<at::Tensor>& pieces, double scale, compress::Wire wire) {
   const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
-  TORCH_CHECK(row.is_cpu() && row.is_contiguous() && !compress::is_mx(wire), "cnccl: row_exponent takes a contiguous "
-              "CPU row of a power-of-two frame");
+  TORCH_CHECK(!compress::is_mx(wire) && !pieces.empty(), "cnccl: row_exponent takes the rows of a power-of-two frame");
+  for (const auto& p : pieces) {
+    TORCH_CHECK(p.is_cpu() && p.is_contiguous() && p.scalar_type() == pieces[0].scalar_type(),
+                "cnccl: row_exponent takes contiguous CPU pieces of one dtype");
+  }
   int32_t k = 0;
-  with_wide_data(static_cast<const char*>(row.const_data_ptr()), row.scalar_type(),
-                 [&](const auto* x) { k = exponent_of_row(x, row.numel(), float(scale), wire); });
+  with_wide_data(static_cast<const char*>(pieces[0].const_data_ptr()), pieces[0].scalar_type(), [&](const auto* first) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(first)>>;
+    T amax = 0;  // a NaN anywhere makes it NaN
+    for (const auto& p : pieces) {
+      const T a = compress::amax(static_cast<const T*>(p.const_data_ptr()), size_t(p.numel()));
+      if (std::isnan(a) || a > amax) amax = a;
+      if (std::isnan(amax)) break;
+    }
+    // Each piece's casts are counted where they are (the exponent is the same for every piece).
+    for (const auto& p : pieces) {
+      k = exponent_of_amax(amax, static_cast<const T*>(p.const_data_ptr()), p.numel(), float(scale), wire);
+    }
+  });
   return k;
 }
 

@@ -65,6 +65,9 @@ int64_t payload_offset(compress::Wire wire);
 // The exponent k that encode() writes into the header of `row`'s frame (fp32 or fp64, contiguous),
 // counting the row's casts where encode() counts them.
 int32_t row_exponent(const at::Tensor& row, double scale, compress::Wire wire);
+// The same of a row held in pieces, one after another (contiguous each, one dtype): a reduce_scatter's
+// part made of several ranks' outputs, read where they are.
+int32_t row_exponent(const std::vector<at::Tensor>& pieces, double scale, compress::Wire wire);
 // row_exponent(sums, 1, wire) of an owner's fp32 sums whose largest |value| (NaN if any is) is known:
 // the largest of what sum_pieces returned. The sums are read again only to count casts where the
 // amax is not finite.

@@ -12,6 +12,7 @@
 #include "backend/process_group.h"
 #include "backend/release_gate.h"
 #include "compress/codec.h"
+#include "tests/cpp/counting_allocator.h"
 
 namespace py = pybind11;
 
@@ -193,6 +194,14 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
     cnccl::composed::make_device_for(frames.device())->restore_frames(frames, count, plan, out);
     return out.view({frames.size(0), count});
   }, py::arg("frames"), py::arg("count"), py::arg("wire"));
+
+  // The largest number of bytes ATen's CPU allocator had handed out at once, from any thread, while `fn`
+  // ran (the C++ tests' counting allocator): for tests that hold a collective to the buffers it plans.
+  m.def("_cpu_bytes_peak", [](const py::function& fn) {
+    const cnccl::testing::CountingAllocator counting;
+    fn();
+    return counting.peak();
+  }, py::arg("fn"));
 
   m.def("build_info", [] {
     py::dict d;

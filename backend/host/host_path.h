@@ -141,13 +141,14 @@ class HostPath final : public c10d::Backend {
                               bool on_shm);
   // Their forms with a wire per level (plan.per_level; level_reductions.cpp), on a group across hosts
   // that share memory inside each. per_level_step runs both: `make_rows` (in pre) gives the L local
-  // parts' contributions (each at most `count` elements, fp32 or fp64), and `deliver` gets the level-2
+  // parts' contributions (each at most `count` elements, fp32 or fp64, one dtype), each in pieces of
+  // `segment` elements (the last may be short) read where they lie, and `deliver` gets the level-2
   // results (with `gather`, every host's frames of this rank's local part; else its sub-part's fp32 sums)
   // and the workspace's first `staging_bytes`, which the step reserves for it. An allreduce whose level 2
   // is MX blocks hands its results to `restore_run` chunk by chunk instead, and `deliver` gets null.
-  Step per_level_step(std::function<std::vector<at::Tensor>()> make_rows, int64_t count, const Plan& plan, bool gather,
-                      size_t staging_bytes, std::function<void(const float*, char*)> deliver,
-                      ChunkConsume restore_run);
+  Step per_level_step(std::function<std::vector<std::vector<at::Tensor>>()> make_rows, int64_t count,
+                      int64_t segment, const Plan& plan, bool gather, size_t staging_bytes,
+                      std::function<void(const float*, char*)> deliver, ChunkConsume restore_run);
   Step per_level_allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step per_level_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
   // Runs a chunked reduction through shared memory or over the transport.

@@ -66,8 +66,9 @@ struct InsideLevel {
 
 }  // namespace
 
-HostPath::Step HostPath::per_level_step(std::function<std::vector<at::Tensor>()> make_rows, int64_t count,
-                                        const Plan& plan, bool gather, size_t staging_bytes,
+HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at::Tensor>>()> make_rows,
+                                        int64_t count, int64_t segment, const Plan& plan, bool gather,
+                                        size_t staging_bytes,
                                         std::function<void(const float*, char*)> deliver, ChunkConsume restore_run) {
   const int ranks = shm_->size(), local = shm_->rank(), hosts = cross_->size(), host = cross_->rank();
   const int64_t sub = count / hosts;
@@ -81,7 +82,7 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<at::Tensor>()>
   auto line = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
   const size_t sums_at = line(staging_bytes), sent_at = sums_at + inside.sums_bytes();
   const size_t gathered_at = sent_at + line(frame * size_t(hosts)), total_at = gathered_at + line(frame * size_t(hosts));
-  auto rows = std::make_shared<std::vector<at::Tensor>>();
+  auto rows = std::make_shared<std::vector<std::vector<at::Tensor>>>();  // each local part's pieces
   auto mine = std::make_shared<std::vector<int32_t>>(ranks);   // this rank's exponent of each local part
   auto heard = std::make_shared<std::vector<int32_t>>(ranks);  // every local rank's exponent of this part
   Step step;
@@ -99,27 +100,42 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<at::Tensor>()>
     comm_->end();  // the group's signature agreement, before any data moves
     if (count == 0) return;
     // 1. Inside the host: the fp32 sums of this local rank's part.
-    const std::vector<at::Tensor>& x = *rows;
-    // Elements [at, at + len) of local part q as a contribution: how many the row has, and where they are.
-    auto given = [&x](size_t q, size_t at, size_t len) {
-      return std::min(len, size_t(std::max<int64_t>(x[q].numel() - int64_t(at), 0)));
+    const std::vector<std::vector<at::Tensor>>& x = *rows;
+    const at::ScalarType dtype = x[0][0].scalar_type();
+    const size_t piece_elements = size_t(segment);
+    // Elements [at, at + len) of local part q as a contribution, cut where its pieces end: f(where in the
+    // run, the piece (null past the last), its first element there, how many it has, the run's elements there).
+    auto runs = [&x, piece_elements](size_t q, size_t at, size_t len, const auto& f) {
+      for (size_t v = at; v < at + len;) {
+        const size_t j = v / piece_elements, off = v % piece_elements;
+        const size_t run = std::min(at + len - v, piece_elements - off);
+        const at::Tensor* piece = j < x[q].size() ? &x[q][j] : nullptr;
+        const size_t have = piece ? std::min(run, size_t(std::max<int64_t>(piece->numel() - int64_t(off), 0))) : 0;
+        f(v - at, piece, off, have, run);
+        v += run;
+      }
     };
-    auto data = [&x](size_t q, size_t at) {
-      return static_cast<const char*>(x[q].const_data_ptr()) + at * x[q].element_size();
+    auto data = [](const at::Tensor* piece, size_t off) {
+      return static_cast<const char*>(piece->const_data_ptr()) + off * piece->element_size();
     };
     ChunkProduce produce;
     RankSum sum;
     switch (inside.form) {
       case LevelForm::kFp32:
         produce = [=](size_t first, size_t len, char* dst) {
-          const size_t q = first / size_t(count), at = first - q * size_t(count), have = given(q, at, len);
+          const size_t q = first / size_t(count);
           auto* out = reinterpret_cast<float*>(dst);
-          with_wide_data(data(q, at), x[q].scalar_type(), [&](const auto* v) {
-            using T = std::remove_cv_t<std::remove_pointer_t<decltype(v)>>;
-            const T pre = T(float(plan.pre_scale));
-            for (size_t i = 0; i < have; ++i) out[i] = float(v[i] * pre);
-          });
-          std::fill(out + have, out + len, 0.0f);
+          runs(q, first - q * size_t(count), len,
+               [&](size_t o, const at::Tensor* piece, size_t off, size_t have, size_t run) {
+                 if (have) {
+                   with_wide_data(data(piece, off), dtype, [&](const auto* v) {
+                     using T = std::remove_cv_t<std::remove_pointer_t<decltype(v)>>;
+                     const T pre = T(float(plan.pre_scale));
+                     for (size_t i = 0; i < have; ++i) out[o + i] = float(v[i] * pre);
+                   });
+                 }
+                 std::fill(out + o + have, out + o + run, 0.0f);
+               });
         };
         sum = [=](const char* const* in, char* dst, size_t, size_t len) {
           auto* out = reinterpret_cast<float*>(dst);
@@ -133,9 +149,20 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<at::Tensor>()>
       case LevelForm::kFrames:
         produce = [=](size_t first, size_t len, char* dst) {
           const size_t q = first / inside.units;
-          frames::encode_piece(x[q], (*mine)[q], plan.pre_scale, inside.wire, count,
-                               int64_t((first - q * inside.units) * inside.elem), int64_t(len * inside.elem),
-                               reinterpret_cast<uint8_t*>(dst));
+          const int64_t from = int64_t((first - q * inside.units) * inside.elem), end = from + int64_t(len * inside.elem);
+          const int64_t header = frames::payload_offset(inside.wire), width = int64_t(inside.elem);
+          const int64_t pieces = int64_t(x[q].size());
+          // Piece j writes the frame's bytes of its values as the frame of its own values alone would, that
+          // frame moved by j x segment values: the header goes with the first piece, the padding with the last.
+          for (int64_t j = 0; j < pieces; ++j) {
+            const int64_t shift = j * segment * width, last = j + 1 == pieces;
+            const int64_t lo = std::max(from, j == 0 ? 0 : header + shift);
+            const int64_t hi = last ? end : std::min(end, header + shift + segment * width);
+            if (hi <= lo) continue;
+            frames::encode_piece(x[q][size_t(j)], (*mine)[q], plan.pre_scale, inside.wire,
+                                 last ? count - j * segment : segment, lo - shift, hi - lo,
+                                 reinterpret_cast<uint8_t*>(dst) + (lo - from));
+          }
         };
         sum = [=](const char* const* in, char* dst, size_t first, size_t len) {
           frames::sum_pieces(reinterpret_cast<const uint8_t* const*>(in), ranks, heard->data(), inside.wire, count,
@@ -152,9 +179,25 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<at::Tensor>()>
         produce = [=](size_t first, size_t k, char* dst) {
           const size_t q = first / inside.units;
           const auto [at, len] = covered(first, k);
-          with_wide_data(data(q, at), x[q].scalar_type(), [&](const auto* v) {
-            compress::mx_encode(v, given(q, at, len), len, float(plan.pre_scale), inside.wire, plan.mx_scale,
-                                reinterpret_cast<uint8_t*>(dst));
+          auto* out = reinterpret_cast<uint8_t*>(dst);
+          const size_t j = at / piece_elements;
+          if (len == 0 || (at + len - 1) / piece_elements == j) {
+            const size_t off = at % piece_elements;
+            const at::Tensor& piece = x[q][j];
+            const size_t have = std::min(len, size_t(std::max<int64_t>(piece.numel() - int64_t(off), 0)));
+            return with_wide_data(data(&piece, off), dtype, [&](const auto* v) {
+              compress::mx_encode(v, have, len, float(plan.pre_scale), inside.wire, plan.mx_scale, out);
+            });
+          }
+          // Blocks across two pieces (a reduce_scatter's outputs of other than 32 x m elements): their values
+          // joined first, this chunk's alone.
+          with_wide_data(data(&x[q][0], 0), dtype, [&](const auto* first_piece) {
+            using T = std::remove_cv_t<std::remove_pointer_t<decltype(first_piece)>>;
+            std::vector<T> joined(len, T(0));
+            runs(q, at, len, [&](size_t o, const at::Tensor* piece, size_t off, size_t have, size_t) {
+              if (have) std::memcpy(joined.data() + o, data(piece, off), have * sizeof(T));
+            });
+            compress::mx_encode(joined.data(), len, len, float(plan.pre_scale), inside.wire, plan.mx_scale, out);
           });
         };
         sum = [=](const char* const* in, char* dst, size_t first, size_t k) {
@@ -287,9 +330,11 @@ HostPath::Step HostPath::per_level_allreduce_step(const at::Tensor& tensor, cons
   Step step = per_level_step(
       [=] {
         *src = tensor.reshape({-1}).contiguous();
-        return frames::parts_of(*src, ranks, count);
+        std::vector<std::vector<at::Tensor>> rows;
+        for (const auto& part : frames::parts_of(*src, ranks, count)) rows.push_back({part});
+        return rows;
       },
-      count, plan, /*gather=*/true, direct ? 0 : size_t(n) * wide, deliver, restore_run);
+      count, count, plan, /*gather=*/true, direct ? 0 : size_t(n) * wide, deliver, restore_run);
   step.wrote_results = wrote;
   const auto algorithm = step.algorithm;
   step.algorithm = [=](const Buffers& b) {
@@ -314,17 +359,17 @@ HostPath::Step HostPath::per_level_reduce_scatter_step(const std::vector<at::Ten
   auto deliver = [=, this](const float* total, char*) {
     timed_restore([&] { restore_sums_into(total, output, plan); });
   };
+  // Each local part's inputs are read where they are (a strided one copied), one piece an output.
   return per_level_step(
       [=] {
-        std::vector<at::Tensor> rows;
+        std::vector<std::vector<at::Tensor>> rows;
         for (const auto& part : by_local) {
-          std::vector<at::Tensor> flat;
-          for (const auto& t : part) flat.push_back(t.reshape({-1}));
-          rows.push_back(at::cat(flat));
+          rows.emplace_back();
+          for (const auto& t : part) rows.back().push_back(t.contiguous().view({-1}));
         }
         return rows;
       },
-      each * hosts, plan, /*gather=*/false, 0, deliver, nullptr);
+      each * hosts, each, plan, /*gather=*/false, 0, deliver, nullptr);
 }
 
 }  // namespace cnccl::host

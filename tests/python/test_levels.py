@@ -53,7 +53,8 @@ def small_integers(seed, rank, n):
 def allreduce_input(case, i, rank):
     if case.get("strided"):
         return inputs(i, rank, 2 * case["n"])[::2]
-    return inputs(i, rank, case["n"])
+    x = inputs(i, rank, case["n"])
+    return x * 1e-37 if case.get("flush") else x
 
 
 def cases():
@@ -77,6 +78,14 @@ def cases():
     # MX scales by mx_scale=floor at both levels.
     out.append(dict(kind="allreduce", inside="mxfp8", across="mxfp4", n=3001, op="sum", mx_scale="floor"))
     out.append(dict(kind="reduce_scatter", inside="mxfp4", across="mxfp8", n=301, op="sum", mx_scale="floor"))
+    # Several chunks of every pipeline (shared memory's, the MX one across hosts): 1.5 M elements a local part.
+    out.append(dict(kind="allreduce", inside="fp16", across="mxfp8", n=3_000_001, op="sum"))
+    out.append(dict(kind="allreduce", inside="bf16", across="e4m3", n=3_000_001, op="avg"))
+    out.append(dict(kind="reduce_scatter", inside="mxfp8", across="fp16", n=300_007, op="sum"))
+    # A group made on a thread that flushes subnormals (its threads take that setting), on values that are
+    # mostly subnormal once scaled: the same bits.
+    for inside, across in [("fp16", "mxfp8"), ("none", "mxfp8"), ("bf16", "e4m3"), ("fp16", "none")]:
+        out.append(dict(kind="allreduce", inside=inside, across=across, n=20_011, op="sum", flush=True))
     return out
 
 
@@ -160,11 +169,14 @@ def worker(outdir):
     results = []
     groups = {}
     for i, case in enumerate(cases()):
-        levels = (case["inside"], case["across"], case.get("sum_scaling", "none"), case.get("mx_scale", "rceil"))
+        levels = (case["inside"], case["across"], case.get("sum_scaling", "none"), case.get("mx_scale", "rceil"),
+                  case.get("flush", False))
         if levels not in groups:
+            torch.set_flush_denormal(levels[4])
             groups[levels] = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
                 wire_dtype=case["inside"], inter_host_wire=case["across"], accumulate="fp32", min_bytes=0,
                 sum_scaling=levels[2], mx_scale=levels[3]))
+            torch.set_flush_denormal(False)
         group = groups[levels]
         if i == 0:
             seen["config"] = {k: cnccl.config(group)[k] for k in ("wire_dtype", "inter_host_wire", "wire_levels")}
@@ -182,6 +194,11 @@ def worker(outdir):
             x = torch.empty(case["n"])
             dist.reduce_scatter_tensor(x, src, op=op, group=group)
         results.append(x)
+    # A reduce_scatter reads its input where it is: no copy of it (at::cat made one a call, 1x the input).
+    g = groups[("fp16", "mxfp8", "none", "rceil", False)]
+    src, out = inputs(99, rank, (1 << 18) * world), torch.empty(1 << 18)
+    seen["reduce_scatter_peak"] = [cnccl._C._cpu_bytes_peak(lambda: dist.reduce_scatter_tensor(out, src, group=g)),
+                                   src.nbytes, cnccl._C._cpu_bytes_peak(lambda: torch.empty(src.numel()))]
     # Hosts whose ranks do not share memory have no level inside a host: group creation says so.
     try:
         dist.new_group(backend="cnccl", pg_options=cnccl.Options(
@@ -241,7 +258,8 @@ def check(tmp_path, hosts, per_host):
         post = world if world_scaled else 1.0
         mx_scale = case.get("mx_scale", "rceil")
         name = (f"{case['kind']} {case['inside']}|{case['across']} n={case['n']} {case['op']} mx_scale={mx_scale}" +
-                (" strided" if case.get("strided") else "") + (" sum_scaling=world" if world_scaled else ""))
+                (" strided" if case.get("strided") else "") + (" sum_scaling=world" if world_scaled else "") +
+                (" flushing" if case.get("flush") else ""))
         if case["kind"] == "reduce":
             total = sum(small_integers(i, r, case["n"]) for r in range(world))
             got = outs[world - 1][i]
@@ -263,6 +281,9 @@ def check(tmp_path, hosts, per_host):
     for r, s in enumerate(seen):
         assert s["config"] == {"wire_dtype": "fp16", "inter_host_wire": "mxfp8", "wire_levels": levels}, s["config"]
         assert s["no_shm"] and "do not share memory within each host (off on rank" in s["no_shm"], s["no_shm"]
+        peak, input_bytes, control = s["reduce_scatter_peak"]
+        assert control >= input_bytes, f"rank {r}: the allocator counted {control} bytes of a {input_bytes}-byte tensor"
+        assert peak < input_bytes / 16, f"rank {r}: a reduce_scatter of {input_bytes} bytes allocated {peak} at once"
     check_disagreement(seen)
 
 
@@ -276,6 +297,13 @@ def check_disagreement(seen):
 def test_two_hosts_of_two_ranks_sum_as_the_emulation(nodes, tmp_path):
     run_job(nodes, 2, 2, tmp_path)
     check(tmp_path, 2, 2)
+
+
+@pytest.mark.needs_host_path
+def test_two_hosts_of_three_ranks_sum_as_the_emulation(nodes, tmp_path):
+    """Three ranks a host: three local parts, and shared-memory reductions of three contributions."""
+    run_job(nodes, 2, 3, tmp_path)
+    check(tmp_path, 2, 3)
 
 
 @pytest.mark.needs_host_path
