@@ -15,6 +15,7 @@ The hosts' tests need root for `ip netns`; they skip naming that elsewhere, and 
 
 import json
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -54,7 +55,14 @@ def allreduce_input(case, i, rank):
     if case.get("strided"):
         return inputs(i, rank, 2 * case["n"])[::2]
     x = inputs(i, rank, case["n"])
+    if case.get("fp64"):
+        return x.double()
     return x * 1e-37 if case.get("flush") else x
+
+
+def scatter_input(case, i, rank, world):
+    x = inputs(i, rank, case["n"] * world)
+    return x.double() if case.get("fp64") else x
 
 
 def cases():
@@ -86,6 +94,11 @@ def cases():
     # mostly subnormal once scaled: the same bits.
     for inside, across in [("fp16", "mxfp8"), ("none", "mxfp8"), ("bf16", "e4m3"), ("fp16", "none")]:
         out.append(dict(kind="allreduce", inside=inside, across=across, n=20_011, op="sum", flush=True))
+    # fp64 tensors holding fp32 values, summed or averaged by a power of two: every product and cast is the
+    # one the fp32 emulation makes, so the results are its values, in fp64.
+    for inside, across in [("fp16", "mxfp8"), ("none", "e4m3"), ("mxfp8", "fp16")]:
+        out.append(dict(kind="allreduce", inside=inside, across=across, n=70_001, op="avg", fp64=True))
+        out.append(dict(kind="reduce_scatter", inside=inside, across=across, n=7_001, op="sum", fp64=True))
     return out
 
 
@@ -170,12 +183,12 @@ def worker(outdir):
     groups = {}
     for i, case in enumerate(cases()):
         levels = (case["inside"], case["across"], case.get("sum_scaling", "none"), case.get("mx_scale", "rceil"),
-                  case.get("flush", False))
+                  case.get("flush", False), case.get("fp64", False))
         if levels not in groups:
             torch.set_flush_denormal(levels[4])
             groups[levels] = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
                 wire_dtype=case["inside"], inter_host_wire=case["across"], accumulate="fp32", min_bytes=0,
-                sum_scaling=levels[2], mx_scale=levels[3]))
+                sum_scaling=levels[2], mx_scale=levels[3], compress_fp64=levels[5]))
             torch.set_flush_denormal(False)
         group = groups[levels]
         if i == 0:
@@ -190,12 +203,12 @@ def worker(outdir):
             dist.all_reduce(x, op=op, group=group)
             x = x.clone()
         else:
-            src = inputs(i, rank, case["n"] * world)
-            x = torch.empty(case["n"])
+            src = scatter_input(case, i, rank, world)
+            x = torch.empty(case["n"], dtype=src.dtype)
             dist.reduce_scatter_tensor(x, src, op=op, group=group)
         results.append(x)
     # A reduce_scatter reads its input where it is: no copy of it (at::cat made one a call, 1x the input).
-    g = groups[("fp16", "mxfp8", "none", "rceil", False)]
+    g = groups[("fp16", "mxfp8", "none", "rceil", False, False)]
     src, out = inputs(99, rank, (1 << 18) * world), torch.empty(1 << 18)
     seen["reduce_scatter_peak"] = [cnccl._C._cpu_bytes_peak(lambda: dist.reduce_scatter_tensor(out, src, group=g)),
                                    src.nbytes, cnccl._C._cpu_bytes_peak(lambda: torch.empty(src.numel()))]
@@ -235,6 +248,29 @@ def disagree(outdir, seen):
     os._exit(0)  # the failed group is unusable, and destroying it would only wait out its peers
 
 
+def killed_across(outdir):
+    """The second host's ranks SIGKILL themselves at their first large send across hosts (the fault variable is
+    set on that host only: its cross-host transports number it 1), midway through level 2 of an allreduce. The
+    first host's ranks must fail promptly with a DistBackendError, never hang or abort."""
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    group = dist.new_group(backend="cnccl", timeout=timedelta(seconds=120), pg_options=cnccl.Options(
+        wire_dtype="fp16", inter_host_wire="mxfp8", accumulate="fp32", min_bytes=0))
+    x = torch.randn(1 << 22)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(x, group=group)
+        seen = {"error": None}
+    except Exception as e:  # noqa: BLE001 - the test asserts on the type and message
+        seen = {"error": f"{type(e).__name__}: {e}"}
+    seen["seconds"] = time.monotonic() - start
+    with open(os.path.join(outdir, f"killed-{rank}.json"), "w") as f:
+        json.dump(seen, f)
+    # This host's torchrun would wait at its exit barrier for the dead host's, for minutes.
+    os.kill(os.getppid(), signal.SIGKILL)
+    os._exit(0)
+
+
 def run_job(nodes, hosts, per_host, tmp_path, mode="--worker"):
     codes, logs = nodes.torchrun(per_host, [os.path.abspath(__file__), mode, str(tmp_path)], str(tmp_path), TIMEOUT)
     nodes.procs.clear()
@@ -259,20 +295,22 @@ def check(tmp_path, hosts, per_host):
         mx_scale = case.get("mx_scale", "rceil")
         name = (f"{case['kind']} {case['inside']}|{case['across']} n={case['n']} {case['op']} mx_scale={mx_scale}" +
                 (" strided" if case.get("strided") else "") + (" sum_scaling=world" if world_scaled else "") +
-                (" flushing" if case.get("flush") else ""))
+                (" flushing" if case.get("flush") else "") + (" fp64" if case.get("fp64") else ""))
         if case["kind"] == "reduce":
             total = sum(small_integers(i, r, case["n"]) for r in range(world))
             got = outs[world - 1][i]
             assert torch.equal(got, total), f"{name}: the root's result is not the exact sum"
             continue
         if case["kind"] == "allreduce":
-            xs = [allreduce_input(case, i, r).contiguous() for r in range(world)]
+            xs = [allreduce_input(case, i, r).contiguous().float() for r in range(world)]
             want = [level_allreduce(xs, hosts, per_host, case["inside"], case["across"], pre, post, mx_scale)] * world
         else:
-            xs = [inputs(i, r, case["n"] * world) for r in range(world)]
+            xs = [scatter_input(case, i, r, world).float() for r in range(world)]
             want = level_reduce_scatter(xs, hosts, per_host, case["inside"], case["across"], pre, post, mx_scale)
         for r in range(world):
             got = outs[r][i]
+            assert got.dtype == (torch.float64 if case.get("fp64") else torch.float32), f"{name}: {got.dtype}"
+            got = got.float()  # exact for fp64 results: the emulation's fp32 values
             differ = (bits(got) != bits(want[r])).nonzero()
             assert differ.numel() == 0, (
                 f"{name}, rank {r}: {differ.numel()} of {got.numel()} elements differ from the emulation, first "
@@ -307,6 +345,21 @@ def test_two_hosts_of_three_ranks_sum_as_the_emulation(nodes, tmp_path):
 
 
 @pytest.mark.needs_host_path
+def test_a_host_killed_across_hosts_fails_the_others_promptly(nodes, tmp_path):
+    kill = {"CNCCL_FAULT_SIGKILL_AT_LARGE_SEND": "1:1"}
+    nodes.torchrun(2, [os.path.abspath(__file__), "--killed-across", str(tmp_path)], str(tmp_path), TIMEOUT,
+                   node_env=lambda node: kill if node == 1 else {})
+    nodes.procs.clear()
+    for r in range(2):
+        path = tmp_path / f"killed-{r}.json"
+        assert path.exists(), f"survivor {r} wrote nothing (crashed or hung):\n" + open(tmp_path / "host0.log").read()[-4000:]
+        seen = json.load(open(path))
+        assert seen["error"] and seen["error"].startswith("DistBackendError"), f"rank {r}: {seen}"
+        assert seen["seconds"] < 60, f"rank {r} failed only after {seen['seconds']:.0f} s (timeout 120): {seen}"
+    assert not (tmp_path / "killed-2.json").exists(), "the second host's ranks were not killed"
+
+
+@pytest.mark.needs_host_path
 def test_three_hosts_of_two_ranks_sum_as_the_emulation(three_nodes, tmp_path):
     run_job(three_nodes, 3, 2, tmp_path)
     check(tmp_path, 3, 2)
@@ -322,5 +375,7 @@ def test_four_hosts_that_disagree_fail_on_every_rank(four_nodes, tmp_path):
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
     worker(sys.argv[2])
+if __name__ == "__main__" and sys.argv[1:2] == ["--killed-across"]:
+    killed_across(sys.argv[2])
 if __name__ == "__main__" and sys.argv[1:2] == ["--disagree"]:
     disagree(sys.argv[2], {})
