@@ -149,7 +149,8 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at
       case LevelForm::kFrames:
         produce = [=](size_t first, size_t len, char* dst) {
           const size_t q = first / inside.units;
-          const int64_t from = int64_t((first - q * inside.units) * inside.elem), end = from + int64_t(len * inside.elem);
+          const int64_t from = int64_t((first - q * inside.units) * inside.elem);
+          const int64_t end = from + int64_t(len * inside.elem);
           const int64_t header = frames::payload_offset(inside.wire), width = int64_t(inside.elem);
           const int64_t pieces = int64_t(x[q].size());
           // Piece j writes the frame's bytes of its values as the frame of its own values alone would, that

@@ -321,7 +321,7 @@ def check(tmp_path, hosts, per_host):
         assert s["no_shm"] and "do not share memory within each host (off on rank" in s["no_shm"], s["no_shm"]
         peak, input_bytes, control = s["reduce_scatter_peak"]
         assert control >= input_bytes, f"rank {r}: the allocator counted {control} bytes of a {input_bytes}-byte tensor"
-        assert peak < input_bytes / 16, f"rank {r}: a reduce_scatter of {input_bytes} bytes allocated {peak} at once"
+        assert peak < input_bytes / 16, f"rank {r}: a reduce_scatter of {input_bytes} bytes held {peak} at once"
     check_disagreement(seen)
 
 
@@ -352,7 +352,8 @@ def test_a_host_killed_across_hosts_fails_the_others_promptly(nodes, tmp_path):
     nodes.procs.clear()
     for r in range(2):
         path = tmp_path / f"killed-{r}.json"
-        assert path.exists(), f"survivor {r} wrote nothing (crashed or hung):\n" + open(tmp_path / "host0.log").read()[-4000:]
+        log = open(tmp_path / "host0.log").read()[-4000:]
+        assert path.exists(), f"survivor {r} wrote nothing (crashed or hung):\n{log}"
         seen = json.load(open(path))
         assert seen["error"] and seen["error"].startswith("DistBackendError"), f"rank {r}: {seen}"
         assert seen["seconds"] < 60, f"rank {r} failed only after {seen['seconds']:.0f} s (timeout 120): {seen}"
