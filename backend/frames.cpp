@@ -10,6 +10,8 @@
 #include "backend/wide_data.h"
 #include "compress/formats.h"
 
+// Every public function here holds a compress::GradualUnderflow: the exponents and scales it computes
+// outside the kernels (amax x scale, 2^-k x post-scale) are defined with subnormals, on any thread.
 namespace cnccl::frames {
 namespace {
 
@@ -108,7 +110,7 @@ std::vector<at::Tensor> parts_of(const at::Tensor& flat, int64_t parts, int64_t 
 
 void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, compress::Wire wire,
             compress::MxScale mx_scale, const at::Tensor& frames) {
-  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
+  const compress::GradualUnderflow exact;
   const int64_t bytes = payload_bytes(count, wire);
   TORCH_CHECK(frames.is_cpu() && frames.scalar_type() == at::kByte && frames.is_contiguous() && frames.dim() == 2 &&
                   frames.size(0) == int64_t(rows.size()) && frames.size(1) == frame_bytes(count, wire),
@@ -134,7 +136,7 @@ void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, co
 }
 
 at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::Wire wire, const at::Tensor& out) {
-  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
+  const compress::GradualUnderflow exact;
   TORCH_CHECK(out.is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() == count,
               "cnccl: a frame sum needs a contiguous fp32 CPU output of ", count, " elements");
   std::vector<const uint8_t*> in;
@@ -150,7 +152,7 @@ at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::W
 
 void sum_encode(const at::Tensor& frames, int64_t count, compress::Wire wire, compress::MxScale mx_scale,
                 const at::Tensor& out) {
-  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
+  const compress::GradualUnderflow exact;
   TORCH_CHECK(frames.is_cpu() && frames.scalar_type() == at::kByte && frames.dim() == 2 && frames.stride(1) == 1 &&
                   frames.size(1) == frame_bytes(count, wire) && out.is_contiguous() &&
                   out.numel() == frames.size(1),
@@ -199,7 +201,7 @@ void sum_encode(const at::Tensor& frames, int64_t count, compress::Wire wire, co
 }
 
 void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, double post_scale, const at::Tensor& dst) {
-  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
+  const compress::GradualUnderflow exact;
   TORCH_CHECK(frames.is_cpu() && dst.is_cpu(), "cnccl: frames::restore runs on CPU tensors");
   const int64_t n = dst.numel();
   if (!n) return;
@@ -242,7 +244,7 @@ int32_t row_exponent(const at::Tensor& row, double scale, compress::Wire wire) {
 }
 
 int32_t row_exponent(const std::vector<at::Tensor>& pieces, double scale, compress::Wire wire) {
-  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
+  const compress::GradualUnderflow exact;
   TORCH_CHECK(!compress::is_mx(wire) && !pieces.empty(), "cnccl: row_exponent takes the rows of a power-of-two frame");
   for (const auto& p : pieces) {
     TORCH_CHECK(p.is_cpu() && p.is_contiguous() && p.scalar_type() == pieces[0].scalar_type(),
@@ -266,7 +268,7 @@ int32_t row_exponent(const std::vector<at::Tensor>& pieces, double scale, compre
 }
 
 int32_t sum_exponent(float amax, const at::Tensor& sums, compress::Wire wire) {
-  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
+  const compress::GradualUnderflow exact;
   TORCH_CHECK(sums.is_cpu() && sums.is_contiguous() && sums.scalar_type() == at::kFloat && !compress::is_mx(wire),
               "cnccl: sum_exponent takes the contiguous fp32 sums of a power-of-two frame");
   return exponent_of_amax(amax, sums.const_data_ptr<float>(), sums.numel(), 1.0f, wire);
@@ -288,7 +290,7 @@ struct PieceValues {
 
 void encode_piece(const at::Tensor& row, int32_t k, double scale, compress::Wire wire, int64_t count, int64_t from,
                   int64_t len, uint8_t* dst) {
-  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
+  const compress::GradualUnderflow exact;
   const int64_t width = int64_t(compress::wire_bytes(wire)), end = from + len, given = row.numel();
   for (int64_t b = from; b < std::min(end, kHeaderBytes); ++b) dst[b - from] = reinterpret_cast<const uint8_t*>(&k)[b];
   const PieceValues v(count, width, from, len);
@@ -309,7 +311,7 @@ void encode_piece(const at::Tensor& row, int32_t k, double scale, compress::Wire
 
 float sum_pieces(const uint8_t* const* pieces, int64_t ranks, int32_t* k, compress::Wire wire, int64_t count,
                  int64_t from, int64_t len, float* out) {
-  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
+  const compress::GradualUnderflow exact;
   const int64_t width = int64_t(compress::wire_bytes(wire));
   if (from == 0) {
     TORCH_INTERNAL_ASSERT(len >= kHeaderBytes, "a frame's first piece holds its whole header");
@@ -330,7 +332,7 @@ float sum_pieces(const uint8_t* const* pieces, int64_t ranks, int32_t* k, compre
 
 void restore_piece(const uint8_t* piece, int32_t* k, int64_t sender, compress::Wire wire, int64_t count, int64_t given,
                    int64_t from, int64_t len, double post_scale, at::ScalarType dtype, void* dst) {
-  const compress::GradualUnderflow exact;  // the exponents and scales are defined with subnormals
+  const compress::GradualUnderflow exact;
   const int64_t width = int64_t(compress::wire_bytes(wire));
   if (from == 0) {
     TORCH_INTERNAL_ASSERT(len >= kHeaderBytes, "a frame's first piece holds its whole header");
