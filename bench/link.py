@@ -1,5 +1,5 @@
-"""Allreduce across a link: two hosts simulated on this machine (network namespaces joined by a veth
-pair, each host in an IPC namespace of its own, tests/python/hosts.py), the link shaped with
+"""Allreduce across a link: two hosts (or three, at a bridge) simulated on this machine (network namespaces
+joined by a veth pair, each host in an IPC namespace of its own, tests/python/hosts.py), the link shaped with
 `tc ... tbf rate R`, 1 and 2 ranks a host. Every wire of cnccl beside gloo fp32 and gloo running
 `fp16_compress_hook`'s math (cast to fp16 and divide, allreduce on gloo, copy back), interleaved
 trial after trial, medians. Ratios are gloo fp32's time over each variant's.
@@ -11,7 +11,7 @@ the larger direction, headers included) over the rate; `fill` is that bound over
 Needs root, `ip` and `tc` (iproute2); prints why and exits 0 elsewhere. UCX runs over TCP only
 (namespaces do not isolate UCX's shared-memory transports), as tests/python/test_multinode.py does.
 
-Usage: python3 bench/link.py [--rates 1,2.5,10] [--ranks-per-host 1,2] [--sizes 1M,4M,16M,64M]
+Usage: python3 bench/link.py [--rates 1,2.5,10] [--ranks-per-host 1,2] [--hosts 2,3] [--sizes 1M,4M,16M,64M]
                              [--trials 5] [--json FILE] [--readme]
 (--readme rewrites the README's link section between its markers.)
 """
@@ -28,6 +28,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+
+import scale_model  # noqa: E402  (bench/, beside this file)
+from hosts import Nodes, unavailable  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
 README = os.path.join(ROOT, "README.md")
@@ -52,11 +55,16 @@ WIRES = {
     "fp16|mxfp4": dict(wire_dtype="fp16", inter_host_wire="mxfp4", accumulate="fp32"),
 }
 PER_LEVEL = [w for w in WIRES if "|" in w]
-# (ranks a host, Gbit/s, size, wire, ratio to gloo fp32 at least)
-GOALS = [(1, 2.5, 64 << 20, "none", 0.95), (1, 2.5, 64 << 20, "fp16", 1.9), (1, 2.5, 64 << 20, "e4m3", 3.5),
-         (1, 2.5, 64 << 20, "mxfp8", 3.5), (1, 2.5, 64 << 20, "mxfp4", 6.0),
-         (1, 10, 64 << 20, "none", 0.95), (1, 10, 64 << 20, "fp16", 1.8), (1, 10, 64 << 20, "mxfp8", 2.5),
-         (1, 10, 64 << 20, "mxfp4", 3.0), (2, 2.5, 64 << 20, "fp16|mxfp8", 3.0)]
+# (hosts, ranks a host, Gbit/s, size, wire, goal): the goal is a ratio to gloo fp32 at least, or the name of
+# the variant it must be at least as fast as (a wire per level against the flat wire with its wire across).
+M64 = 64 << 20
+GOALS = [(2, 1, 2.5, M64, "none", 0.95), (2, 1, 2.5, M64, "fp16", 1.9), (2, 1, 2.5, M64, "e4m3", 3.5),
+         (2, 1, 2.5, M64, "mxfp8", 3.5), (2, 1, 2.5, M64, "mxfp4", 6.0),
+         (2, 1, 10, M64, "none", 0.95), (2, 1, 10, M64, "fp16", 1.8), (2, 1, 10, M64, "mxfp8", 2.5),
+         (2, 1, 10, M64, "mxfp4", 3.0),
+         (2, 2, 1, M64, "fp16|mxfp8", 5.0), (2, 2, 1, M64, "fp16|mxfp4", 9.5),
+         (2, 2, 2.5, M64, "fp16|mxfp8", "mxfp8"), (2, 2, 2.5, M64, "fp16|mxfp4", "mxfp4"),
+         (3, 2, 1, M64, "fp16|mxfp8", 4.0)]
 JOB_TIMEOUT = 900
 
 
@@ -110,6 +118,7 @@ def worker(sizes, trials, wires, out):
         crossed = {name: [0, 0] for name in groups}
         carried = {name: [0, 0] for name in groups}
         phases = {name: dict.fromkeys(PHASES, 0.0) for name in wires}
+        cpu = dict.fromkeys(groups, 0.0)  # this process's CPU seconds a call, every thread's
         for trial in range(trials + 1):  # the first round warms every variant up
             for name, group in groups.items():
                 # The counters are read before the barrier and after another: a peer starts sending as
@@ -117,7 +126,7 @@ def worker(sizes, trials, wires, out):
                 before = link_bytes(dev)
                 dist.barrier(group=dist.group.WORLD)
                 stats = cnccl.stats(group) if name in phases else None
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for _ in range(reps):
                     if name == HOOK:
                         wire = x.to(torch.float16).div_(world)
@@ -125,11 +134,12 @@ def worker(sizes, trials, wires, out):
                         x.copy_(wire)
                     else:
                         dist.all_reduce(x, group=group)
-                elapsed = time.perf_counter() - t0
+                elapsed, used = time.perf_counter() - t0, time.process_time() - c0
                 dist.barrier(group=dist.group.WORLD)
                 after = link_bytes(dev)
                 if trial > 0:
                     times[name].append(elapsed / reps)
+                    cpu[name] += used / (reps * trials)
                     for i in range(2):
                         crossed[name][i] += (after[i] - before[i]) / (reps * trials)
                         carried[name][i] += (after[2 + i] - before[2 + i]) / (reps * trials)
@@ -139,7 +149,8 @@ def worker(sizes, trials, wires, out):
                             phases[name][p] += (now[p + "_ns"] - stats[p + "_ns"]) / 1e9 / (reps * trials)
                 x.normal_()
         rows.append({"bytes": nbytes, "seconds": {n: statistics.median(t) for n, t in times.items()},
-                     "link_bytes": crossed, "link_payload": carried, "phases_s": phases})
+                     "link_bytes": crossed, "link_payload": carried, "phases_s": phases,
+                     "cpu_s": cpu, "ranks": world, "cores": os.cpu_count()})
     if rank == 0:
         transport = cnccl.config(groups[wires[0]])["cpu_transport"]
         with open(out, "w") as f:
@@ -148,7 +159,7 @@ def worker(sizes, trials, wires, out):
 
 
 def job(nodes, per_host, sizes, trials, wires, logdir):
-    """Runs one job of 2 x per_host ranks on the nodes as they are shaped now; returns rank 0's rows. Each
+    """Runs one job of hosts x per_host ranks on the nodes as they are shaped now; returns rank 0's rows. Each
     host's ranks are one torchrun's, in one IPC namespace: they share memory, as ranks of a machine do."""
     out = os.path.join(logdir, f"rows-{per_host}.json")
     if os.path.exists(out):
@@ -165,19 +176,52 @@ def job(nodes, per_host, sizes, trials, wires, logdir):
         return json.load(f)
 
 
-def derive(rows, gbit):
-    """Adds ratios to gloo fp32, each variant's link bound and fill."""
+def schedule_of(name, hosts, per_host, nbytes):
+    """The schedule bench/scale_model.py models for a variant, and its wire's bytes an element across hosts.
+    gloo's allreduce is a ring (gloo/allreduce.cc), on fp32 or, for the hook, on fp16."""
+    if name in (GLOO, HOOK):
+        return "ring", 4.0 if name == GLOO else 2.0
+    options = WIRES[name]
+    across = options.get("inter_host_wire", options["wire_dtype"])
+    schedule = scale_model.cnccl_schedule(options["wire_dtype"], options.get("accumulate", "wire"),
+                                          options.get("scaling", "none"), hosts * per_host, per_host, nbytes,
+                                          inter_host_wire=across)
+    return schedule, scale_model.WIRE_BYTES[across]
+
+
+def derive(rows, gbit, hosts, per_host):
+    """Adds ratios to gloo fp32, each variant's link bound and fill, the cores' bound, and the scale model's
+    time: its schedule's bytes at the rate and the cores' bound, overlapped as the schedule pipelines."""
     for row in rows:
         t = row["seconds"]
         row["ratio"] = {n: t[GLOO] / t[n] for n in t}
         row["bound_s"] = {n: max(b) * 8 / (gbit * 1e9) for n, b in row["link_bytes"].items()}
         row["fill"] = {n: row["bound_s"][n] / t[n] for n in t}
+        row["cores_s"] = {n: row["cpu_s"][n] * row["ranks"] / row["cores"] for n in t}
+        row["model_s"] = {}
+        for n in t:
+            schedule, b = schedule_of(n, hosts, per_host, row["bytes"])
+            row["model_s"][n] = scale_model.predict(schedule, hosts * per_host, per_host, row["bytes"] // 4, b, gbit,
+                                                    row["cores_s"][n], burst_bytes=Nodes.burst_bytes(gbit))
     return rows
 
 
-def table(per_host, gbit, rows, trials, transport):
+def model_misses(results, within=0.2):
+    """The cells whose measured time the scale model misses by more than `within`, and how many cells."""
+    misses, cells = [], 0
+    for key, rows in results.items():
+        for row in rows:
+            for n, t in row["seconds"].items():
+                cells += 1
+                if abs(row["model_s"][n] / t - 1) > within:
+                    misses.append((key, label(row["bytes"]), n, t, row["model_s"][n]))
+    return misses, cells
+
+
+def table(hosts, per_host, gbit, rows, trials, transport):
     variants = list(rows[0]["seconds"])
-    lines = [f"2 hosts x {per_host} rank{'s' if per_host > 1 else ''}, {gbit:g} Gbit/s, fp32 SUM allreduce, median "
+    lines = [f"{hosts} hosts x {per_host} rank{'s' if per_host > 1 else ''}, {gbit:g} Gbit/s, fp32 SUM allreduce, "
+             f"median "
              f"of {trials}; cnccl's transport: {transport}. Each cell: ms, ratio to gloo fp32, fill of the link "
              "(its bound, bytes through the link / rate, over the time)"]
     lines.append(f"{'size':>5} " + " ".join(f"{n:>20}" for n in variants))
@@ -185,9 +229,18 @@ def table(per_host, gbit, rows, trials, transport):
         cells = " ".join(f"{row['seconds'][n] * 1e3:7.1f} {row['ratio'][n]:5.2f}x {row['fill'][n]:4.2f}"
                          for n in variants)
         lines.append(f"{label(row['bytes']):>5} {cells}")
+    lines.append("the scale model's time, ms (bench/scale_model.py: the schedule's bytes at the rate and the cores' "
+                 "bound below, overlapped as it pipelines)")
+    for row in rows:
+        lines.append(f"{label(row['bytes']):>5} " + " ".join(f"{row['model_s'][n] * 1e3:20.1f}" for n in variants))
     big = rows[-1]
     lines.append(f"bytes through the link per call at {label(big['bytes'])} (larger direction, MiB): " +
                  ", ".join(f"{n} {max(big['link_bytes'][n]) / 2**20:.1f}" for n in variants))
+    lines.append("the cores' bound, ms: rank 0's CPU time a call (every thread) x ranks / cores, each rank taken "
+                 "to use as much (every host is on this machine)")
+    for row in rows:
+        lines.append(f"{label(row['bytes']):>5} " + ", ".join(
+            f"{n} {row['cpu_s'][n] * row['ranks'] / row['cores'] * 1e3:.1f}" for n in variants))
     lines.append("rank 0's time per call by phase at each size, ms (cnccl.stats: " + "/".join(PHASES) + ")")
     for row in rows:
         lines.append(f"{label(row['bytes']):>5} " + ", ".join(
@@ -196,14 +249,20 @@ def table(per_host, gbit, rows, trials, transport):
 
 
 def goals(results):
+    """(what, measured ratio to gloo fp32, the ratio it must reach, fill, met, and its seconds: measured, the
+    scale model's, the link's bound, the cores' bound)"""
     out = []
-    for per_host, gbit, size, wire, target in GOALS:
-        rows = results.get(f"{per_host}x{gbit:g}")
+    for hosts, per_host, gbit, size, wire, target in GOALS:
+        rows = results.get(f"{hosts}x{per_host}x{gbit:g}")
         row = next((r for r in rows or [] if r["bytes"] == size), None)
-        if row is None or wire not in row["ratio"]:
+        if row is None or wire not in row["ratio"] or (isinstance(target, str) and target not in row["ratio"]):
             continue
-        out.append((f"2 hosts x {per_host}, {gbit:g} Gbit/s, {label(size)}, cnccl {wire} vs gloo fp32",
-                    row["ratio"][wire], target, row["fill"][wire]))
+        what = f"{hosts} hosts x {per_host}, {gbit:g} Gbit/s, {label(size)}, cnccl {wire} vs gloo fp32"
+        need = row["ratio"][target] if isinstance(target, str) else target
+        if isinstance(target, str):
+            what += f" (at least flat {target}'s)"
+        out.append((what, row["ratio"][wire], need, row["fill"][wire], row["ratio"][wire] >= need,
+                    row["seconds"][wire], row["model_s"][wire], row["bound_s"][wire], row["cores_s"][wire]))
     return out
 
 
@@ -212,21 +271,35 @@ def readme_section(data):
     m = data["machine"]
     lines = [BEGIN, "", f"Regenerate with `sudo python3 bench/link.py --readme` ({m['cores']}-core machine, "
              f"{m['cpu']}, {m['date']}, torch {m['torch']}; medians of {data['trials']} interleaved trials). "
-             "Two hosts are network namespaces joined by a veth pair shaped with `tc tbf`; UCX over TCP. "
+             "Hosts are network namespaces joined by a veth pair (three: each by a veth to a bridge), each end shaped "
+             "with `tc tbf`; UCX over TCP. "
              "Each cell is the ratio to gloo fp32 (higher is faster) and, in brackets, the link's fill: the time the "
              "variant's bytes need at the rate over the time it took (above 1 at small sizes: the token bucket lets a "
              "burst of 1 ms of the rate through at once).", ""]
-    lines += ["| goal | measured | target | fill | |", "|---|---|---|---|---|"]
-    for name, value, target, fill in goals(res):
-        lines.append(f"| {name} | {value:.2f}x | >= {target:g}x | {fill:.2f} | {'met' if value >= target else 'not met'} |")
+    lines += ["| goal | measured | target | fill | ms: measured / model / link / cores | |",
+              "|---|---|---|---|---|---|"]
+    for name, value, target, fill, met, t, model, link_s, cores_s in goals(res):
+        lines.append(f"| {name} | {value:.2f}x | >= {target:.2f}x | {fill:.2f} | {t * 1e3:.0f} / {model * 1e3:.0f} / "
+                     f"{link_s * 1e3:.0f} / {cores_s * 1e3:.0f} | {'met' if met else 'not met'} |")
+    misses, cells = model_misses(res)
+    lines += ["", f"The scale model's time is within 20% of the measured one in {cells - len(misses)} of {cells} cells"
+              + (": it misses " + "; ".join(f"{k} {size} {n} ({t * 1e3:.1f} ms, model {m * 1e3:.1f})"
+                                            for k, size, n, t, m in misses) if misses else ".")]
     for key, rows in res.items():
-        per_host, gbit = key.split("x")
+        hosts, per_host, gbit = key.split("x")
         variants = list(rows[0]["seconds"])
-        lines += ["", f"2 hosts x {per_host} rank{'s' if per_host != '1' else ''} a host, {gbit} Gbit/s", "",
+        lines += ["", f"{hosts} hosts x {per_host} rank{'s' if per_host != '1' else ''} a host, {gbit} Gbit/s", "",
                   "| size | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
         for row in rows:
             lines.append(f"| {label(row['bytes'])} | " +
                          " | ".join(f"{row['ratio'][n]:.2f}x ({row['fill'][n]:.2f})" for n in variants) + " |")
+        if int(per_host) > 1:
+            # Where the machine's cores bind (every host is on it), the link cannot be filled.
+            big = rows[-1]
+            lines += ["", f"At {label(big['bytes'])}, ms: measured / the scale model's / the link's bound / the cores' "
+                      "bound (rank 0's CPU time a call x ranks / cores): " + ", ".join(
+                          f"{n} {big['seconds'][n] * 1e3:.0f} / {big['model_s'][n] * 1e3:.0f} / "
+                          f"{big['bound_s'][n] * 1e3:.0f} / {big['cores_s'][n] * 1e3:.0f}" for n in variants)]
     lines += ["", END]
     return "\n".join(lines)
 
@@ -245,6 +318,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rates", default="1,2.5,10", help="Gbit/s, comma-separated")
     parser.add_argument("--ranks-per-host", default="1,2")
+    parser.add_argument("--hosts", default="2",
+                        help="hosts a job, comma-separated; more than 2 meet at a bridge (a switch), as in test_levels")
+    parser.add_argument("--three-hosts-at", default="1",
+                        help="with --hosts 3: only these rates (Gbit/s), at the largest ranks a host")
     parser.add_argument("--sizes", default="1M,4M,16M,64M")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--wires", default=",".join(WIRES), help="cnccl's variants to run beside gloo's")
@@ -261,28 +338,37 @@ def main():
     if args.worker:
         worker(sizes, args.trials, wires, args.out)
         return
-    from hosts import Nodes, unavailable
-
     why = unavailable(("ip", "tc"))
     if why:
         print(f"bench/link.py skipped: {why}")
         return
-    results, transports = {}, {}
-    nodes = Nodes()
-    try:
-        with tempfile.TemporaryDirectory(prefix="cnccl-link-") as logdir:
-            for per_host in (int(p) for p in args.ranks_per_host.split(",")):
-                for gbit in (float(r) for r in args.rates.split(",")):
-                    nodes.shape(gbit)
-                    out = job(nodes, per_host, sizes, args.trials, wires, logdir)
-                    rows = derive(out["rows"], gbit)
-                    results[f"{per_host}x{gbit:g}"] = rows
-                    print(table(per_host, gbit, rows, args.trials, out["cpu_transport"]) + "\n", flush=True)
-    finally:
-        nodes.close()
+    results = {}
+    for hosts in (int(h) for h in args.hosts.split(",")):
+        nodes = Nodes(hosts)
+        per_hosts = [int(p) for p in args.ranks_per_host.split(",")]
+        rates = [float(r) for r in args.rates.split(",")]
+        if hosts > 2:  # 3 x L ranks on this machine's cores: one point, at the most ranks a host
+            per_hosts, rates = per_hosts[-1:], [float(r) for r in args.three_hosts_at.split(",")]
+        try:
+            with tempfile.TemporaryDirectory(prefix="cnccl-link-") as logdir:
+                for per_host in per_hosts:
+                    for gbit in rates:
+                        nodes.shape(gbit)
+                        out = job(nodes, per_host, sizes, args.trials, wires, logdir)
+                        rows = derive(out["rows"], gbit, hosts, per_host)
+                        results[f"{hosts}x{per_host}x{gbit:g}"] = rows
+                        print(table(hosts, per_host, gbit, rows, args.trials, out["cpu_transport"]) + "\n",
+                              flush=True)
+        finally:
+            nodes.close()
     data = {"machine": machine(), "trials": args.trials, "results": results}
-    for name, value, target, fill in goals(results):
-        print(f"{name}: {value:.2f}x (goal >= {target:g}x, fill {fill:.2f}): {'met' if value >= target else 'NOT MET'}")
+    for name, value, target, fill, met, t, model, link_s, cores_s in goals(results):
+        print(f"{name}: {value:.2f}x (goal >= {target:.2f}x, fill {fill:.2f}; ms: {t * 1e3:.1f}, "
+              f"model {model * 1e3:.1f}, "
+              f"link {link_s * 1e3:.1f}, cores {cores_s * 1e3:.1f}): {'met' if met else 'NOT MET'}")
+    misses, cells = model_misses(results)
+    print(f"scale model within 20% in {cells - len(misses)} of {cells} cells; misses: " +
+          "; ".join(f"{k} {size} {n} {t * 1e3:.1f} ms (model {m * 1e3:.1f})" for k, size, n, t, m in misses))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

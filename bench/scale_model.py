@@ -18,8 +18,10 @@ Schedules (n elements, b bytes an element on the wire, H = N / L hosts):
   the wire type (16-bit adds) by a ring, or directly (each its whole part to every other) where a part is at
   most 256 KiB of wire bytes, and an allgather through shared memory.
 - hierarchical-a2a: the same with the fp32-sum all-to-all among the H owners: a wire per level
-  (inter_host_wire, backend/host/level_reductions.cpp), the cross-host bytes of the hierarchical ring in the
-  wire across, H-1 messages a phase instead of N-1, three roundings.
+  (inter_host_wire, backend/host/reductions/level_reductions.cpp), the cross-host bytes of the hierarchical ring in the
+  wire across, H-1 messages a phase instead of N-1, three roundings. Pipelined: a chunk crosses hosts while
+  the next is summed inside the host and the last is restored and shared, so its time is the longer of the
+  two levels plus a chunk's worth of the shorter (chunks of 256 KiB across, at most 64 a part).
 - tree: NCCL's double binary tree on the CUDA path's 16-bit copy, approximately: a chain inside each host,
   a binary tree across hosts, 2 n b across each host's link, 2 log2(H) latency steps; its roundings are an
   upper bound (a node with two children adds twice).
@@ -61,6 +63,38 @@ def cnccl_schedule(wire, accumulate, scaling, ranks, per_host, nbytes, min_bytes
     if per_host > 1:
         return "hierarchical"
     return "alltoall" if nbytes * WIRE_BYTES[wire] / 4 > DIRECT_MAX_BYTES else "direct"
+
+
+# The pieces of a pipelined exchange (backend/host/algorithms/reduce_chunked.cpp: at most kMaxChunks a part
+# of about kChunkBytes; level_reductions.cpp's kLevelChunkBytes across hosts).
+CHUNK_BYTES = {"alltoall": 1 << 20, "hierarchical-a2a": 256 << 10}
+MAX_CHUNKS = 64
+
+
+def chunks(schedule, ranks, per_host, n, b):
+    """How many chunks a rank's part of a pipelined schedule goes in (1: not pipelined). A ring's steps
+    overlap a step's adds with the next step's transfer: 2(N-1) chunks."""
+    if schedule == "ring":
+        return 2 * (ranks - 1)
+    if schedule not in CHUNK_BYTES:
+        return 1
+    part = n / (ranks if schedule == "alltoall" else per_host * max(ranks // per_host, 1)) * b
+    return max(1, min(MAX_CHUNKS, math.ceil(part / CHUNK_BYTES[schedule])))
+
+
+def pipelined(link_s, cores_s, pieces):
+    """A pipeline's time of two stages that overlap chunk by chunk: the longer, plus one chunk of the
+    shorter, which nothing overlaps (the first chunk's cast, the last one's restore)."""
+    return max(link_s, cores_s) + min(link_s, cores_s) / pieces
+
+
+def predict(schedule, ranks, per_host, n, b, gbit, cores_s, burst_bytes=0):
+    """An allreduce's time on a link of `gbit` when its ranks' CPU work takes `cores_s` of the cores (their
+    CPU seconds over the cores they share): the link's time of the schedule's bytes and the cores' time,
+    overlapped as the schedule pipelines them. A shaped link lets its first `burst_bytes` through at once
+    (a token bucket's)."""
+    link_s = max(cross_host_bytes(schedule, ranks, per_host, n, b) - burst_bytes, 0) * 8 / (gbit * 1e9)
+    return pipelined(link_s, cores_s, chunks(schedule, ranks, per_host, n, b))
 
 
 def owners_exchange_directly(per_host, n, b):
@@ -132,7 +166,11 @@ def model(schedule, ranks, per_host, n, b, gbit, latency, overhead, memory_gbps)
         seconds = 2 * (H - 1) * (latency + overhead + n * b / H / link)
     elif schedule == "hierarchical-a2a":
         messages, roundings = 2 * (H - 1), 3
-        seconds = 2 * (latency + (H - 1) * overhead) + across / link
+        pieces = chunks(schedule, N, L, n, b)
+        messages *= pieces
+        # The levels overlap: the inside's memory time is hidden but for a chunk's worth, added below.
+        seconds = 2 * (latency + (H - 1) * pieces * overhead) + pipelined(across / link, inside / (memory_gbps * 1e9),
+                                                                         pieces) - inside / (memory_gbps * 1e9)
     elif schedule == "tree":
         steps = 2 * math.ceil(math.log2(H)) if H > 1 else 0
         messages, roundings = steps, 1 + (L - 1) + 2 * math.ceil(math.log2(H)) if H > 1 else L
@@ -141,6 +179,8 @@ def model(schedule, ranks, per_host, n, b, gbit, latency, overhead, memory_gbps)
         raise ValueError(schedule)
     seconds += inside / (memory_gbps * 1e9)
     bandwidth = across / link + inside / (memory_gbps * 1e9)
+    if schedule == "hierarchical-a2a":
+        bandwidth = pipelined(across / link, inside / (memory_gbps * 1e9), chunks(schedule, N, L, n, b))
     return {"inside": inside, "across_per_host": across, "messages": messages,
             "roundings": roundings, "seconds": seconds, "latency_share": max(0.0, 1 - bandwidth / seconds)}
 

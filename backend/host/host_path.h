@@ -131,7 +131,7 @@ class HostPath final : public c10d::Backend {
   // The steps of the reductions, shared by their list, tensor and coalesced forms.
   Step allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
-  // Their forms in frames (plan.framed; framed_reductions.cpp), chunked through shared memory (on_shm)
+  // Their forms in frames (plan.framed; reductions/framed_reductions.cpp), chunked through shared memory (on_shm)
   // or over the transport: power-of-two frames cut into pieces, MX blocks.
   Step framed_allreduce_step(const at::Tensor& tensor, const Plan& plan, bool on_shm);
   Step framed_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan,
@@ -139,16 +139,26 @@ class HostPath final : public c10d::Backend {
   Step mx_allreduce_step(const at::Tensor& tensor, const Plan& plan, bool on_shm);
   Step mx_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan,
                               bool on_shm);
-  // Their forms with a wire per level (plan.per_level; level_reductions.cpp), on a group across hosts
+  // Their forms with a wire per level (plan.per_level; reductions/level_reductions.cpp), on a group across hosts
   // that share memory inside each. per_level_step runs both: `make_rows` (in pre) gives the L local
   // parts' contributions (each at most `count` elements, fp32 or fp64, one dtype), each in pieces of
-  // `segment` elements (the last may be short) read where they lie, and `deliver` gets the level-2
-  // results (with `gather`, every host's frames of this rank's local part; else its sub-part's fp32 sums)
-  // and the workspace's first `staging_bytes`, which the step reserves for it. An allreduce whose level 2
-  // is MX blocks hands its results to `restore_run` chunk by chunk instead, and `deliver` gets null.
+  // `segment` elements (the last may be short) read where they lie. The workspace's first
+  // `staging_bytes` are the caller's.
+  struct LevelResults {
+    // An allreduce's: where this local part's results go in `workspace`, and of its `count` elements the
+    // `have` that exist, in `dtype`; `wrote` as Step::wrote_results. Null for a reduce_scatter.
+    std::function<char*(char* workspace)> at;
+    int64_t have = 0;
+    at::ScalarType dtype = at::kFloat;
+    std::shared_ptr<bool> wrote;
+    // An allreduce's level 3: elements [first, first + len) of every local part, restored by its owner,
+    // to every rank of the host; called in the same order on all of them.
+    std::function<void(size_t first, size_t len, char* workspace)> share;
+    // A reduce_scatter's restore of its sub-part's fp32 sums, after level 2.
+    std::function<void(const float* sums, char* workspace)> finish;
+  };
   Step per_level_step(std::function<std::vector<std::vector<at::Tensor>>()> make_rows, int64_t count,
-                      int64_t segment, const Plan& plan, bool gather, size_t staging_bytes,
-                      std::function<void(const float*, char*)> deliver, ChunkConsume restore_run);
+                      int64_t segment, const Plan& plan, size_t staging_bytes, LevelResults results);
   Step per_level_allreduce_step(const at::Tensor& tensor, const Plan& plan);
   Step per_level_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
   // Runs a chunked reduction through shared memory or over the transport.

@@ -66,6 +66,11 @@ class Nodes:
             self.close()
             raise
 
+    @staticmethod
+    def burst_bytes(gbit):
+        """The token bucket shape() gives each end at `gbit` Gbit/s: what the link lets through at once."""
+        return max(256 << 10, int(gbit * 1e9 / 8 * 1e-3))
+
     def shape(self, gbit):
         """Limits each end's sending to `gbit` Gbit/s with a token bucket (`tc ... tbf`), or lifts the
         limit (None). The bucket holds 1 ms of the rate and at least 256 KiB: a veth hands the qdisc
@@ -75,7 +80,7 @@ class Nodes:
             subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
             if gbit is None:
                 continue
-            burst = max(256 << 10, int(gbit * 1e9 / 8 * 1e-3))
+            burst = self.burst_bytes(gbit)
             subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
                             f"{int(gbit * 1000)}mbit", "burst", str(burst), "latency", "5ms"],
                            capture_output=True, text=True, check=True)

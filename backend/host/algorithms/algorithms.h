@@ -106,6 +106,9 @@ struct ChunkedReduction {
   // kAll: where set, results go here chunk by chunk (an allreduce restoring into the caller's
   // tensor), instead of to `out`.
   ChunkConsume consume = nullptr;
+  // reduce_chunked: the bytes of a chunk's piece (0: 1 MiB). Smaller chunks leave less of the first
+  // chunk's produce and the last one's consume unoverlapped, for more messages.
+  size_t chunk_bytes = 0;
 };
 // Over the transport: each chunk's pieces go to their owners, which sum them as they arrive and
 // (kAll) send the results back; while an owner waits for chunk k it has already sent chunk k+1, so
@@ -116,6 +119,6 @@ void reduce_chunked(Comm& comm, const ChunkedReduction& reduction, uint32_t slot
 // time and sent to every peer; every part's chunks, this rank's too, are handed to `consume` as they
 // arrive, chunk k's while chunk k+1 is already on its way. Uses slots [slot_base, slot_base + 64).
 void allgather_chunked(Comm& comm, const Parts& parts, size_t elem, const ChunkProduce& produce,
-                       const ChunkConsume& consume, uint32_t slot_base);
+                       const ChunkConsume& consume, uint32_t slot_base, size_t chunk_bytes = 0);
 
 }  // namespace cnccl::host

@@ -15,9 +15,10 @@ namespace {
 constexpr size_t kChunkBytes = size_t(1) << 20;
 constexpr size_t kMaxChunks = 64;
 
-// Units a chunk takes of each part, for parts of at most `longest` units of `elem` bytes.
-size_t chunk_units(size_t longest, size_t elem) {
-  const size_t chunk = std::max<size_t>(1, kChunkBytes / std::max<size_t>(elem, 1));
+// Units a chunk takes of each part, for parts of at most `longest` units of `elem` bytes, in pieces of
+// about `bytes` (0: kChunkBytes).
+size_t chunk_units(size_t longest, size_t elem, size_t bytes) {
+  const size_t chunk = std::max<size_t>(1, (bytes ? bytes : kChunkBytes) / std::max<size_t>(elem, 1));
   return std::max(chunk, (longest + kMaxChunks - 1) / kMaxChunks);
 }
 
@@ -29,7 +30,7 @@ void reduce_chunked(Comm& comm, const ChunkedReduction& red, uint32_t slot_base)
   const Parts& parts = red.parts;
   const size_t elem = red.elem, out_elem = red.out_elem ? red.out_elem : elem;
   const size_t longest = parts.max_length();
-  const size_t chunk = chunk_units(longest, elem);
+  const size_t chunk = chunk_units(longest, elem, red.chunk_bytes);
   const size_t chunks = std::max<size_t>(1, (longest + chunk - 1) / chunk);
   size_t units = 0;
   for (int p = 0; p < n; ++p) units = std::max(units, parts.offset[p] + parts.length[p]);
@@ -107,9 +108,9 @@ void reduce_chunked(Comm& comm, const ChunkedReduction& red, uint32_t slot_base)
 }
 
 void allgather_chunked(Comm& comm, const Parts& parts, size_t elem, const ChunkProduce& produce,
-                       const ChunkConsume& consume, uint32_t slot_base) {
+                       const ChunkConsume& consume, uint32_t slot_base, size_t chunk_bytes) {
   const int n = comm.size(), r = comm.rank();
-  const size_t longest = parts.max_length(), chunk = chunk_units(longest, elem);
+  const size_t longest = parts.max_length(), chunk = chunk_units(longest, elem, chunk_bytes);
   const size_t chunks = std::max<size_t>(1, (longest + chunk - 1) / chunk);
   size_t units = 0;
   for (int p = 0; p < n; ++p) units = std::max(units, parts.offset[p] + parts.length[p]);

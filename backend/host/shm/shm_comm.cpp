@@ -381,6 +381,7 @@ void ShmComm::wait_one(int peer, Counter counter, uint64_t step) {
       cpu_relax();
       if (theirs.load(std::memory_order_acquire) >= step) return;
     }
+    if (idle_) idle_->poll();
   }
   std::atomic<uint64_t>& sleeping = control(rank_).sleeping.value;
   for (;;) {
@@ -420,6 +421,15 @@ void ShmComm::wait_one(int peer, Counter counter, uint64_t step) {
                std::to_string(global_rank(peer)) +
                " (it has not reached this collective, or is stuck in an earlier one)",
            peer);
+    }
+    if (idle_) {
+      // Not marked sleeping: peers do not wake this rank, which looks again after one short sleep.
+      idle_->poll();
+      if (theirs.load(std::memory_order_acquire) >= step) return;
+      idle_->sleep(std::chrono::duration_cast<std::chrono::microseconds>(
+          std::min<Clock::duration>(kIdleSleep, deadline_ - now)));
+      if (theirs.load(std::memory_order_acquire) >= step) return;
+      continue;
     }
     sleeping.store(1, std::memory_order_seq_cst);
     const uint64_t seen = theirs.load(std::memory_order_seq_cst);

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -94,6 +95,28 @@ class ShmComm {
   // abort() was called.
   void wait_all(Counter counter, uint64_t step);
 
+  // What a wait does while it idles when another channel must progress meanwhile (a wire per level's
+  // messages across hosts, in flight while this host sums the next piece: docs/design.md, "A wire
+  // per level"): `poll` every few spins, and `sleep` instead of the futex, so the other channel's
+  // traffic wakes this rank too. A peer's post is then seen within one sleep, not by its wake-up.
+  struct Idle {
+    std::function<void()> poll;
+    std::function<void(std::chrono::microseconds)> sleep;
+  };
+  static constexpr std::chrono::microseconds kIdleSleep{50};
+  // Waits run `idle` while this lives (executor thread only; the hook must not use this channel).
+  class IdleScope {
+   public:
+    IdleScope(ShmComm& shm, const Idle& idle) : shm_(shm), before_(shm.idle_) { shm.idle_ = &idle; }
+    ~IdleScope() { shm_.idle_ = before_; }
+    IdleScope(const IdleScope&) = delete;
+    IdleScope& operator=(const IdleScope&) = delete;
+
+   private:
+    ShmComm& shm_;
+    const Idle* before_;
+  };
+
   void abort(const std::string& why);
   // Tells this host's peers that this rank failed the current collective, and why: a peer waiting on it
   // there, or in any later collective, fails at once, naming it and `what`, instead of at the deadline.
@@ -126,6 +149,7 @@ class ShmComm {
   const int host_;
   uint64_t step_ = 0;
   std::chrono::microseconds spin_;  // how long a waiter spins before it sleeps
+  const Idle* idle_ = nullptr;
   const char* op_ = "";
   uint64_t seq_ = 0;
   std::chrono::steady_clock::time_point deadline_;

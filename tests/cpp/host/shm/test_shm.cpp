@@ -466,6 +466,51 @@ TEST(Shm, APeerThatFailedALaterCollectiveLeavesThisOneToFinish) {
   expect_no_errors(errors);
 }
 
+// A wire per level waits inside a host while its messages across hosts are in flight: the idle hook
+// progresses them (backend/host/reductions/level_reductions.cpp). It runs while the wait idles, sleeps in place of
+// the futex (the peer's post does not wake this rank), and the wait still ends at the post.
+TEST(Shm, AWaitRunsItsIdleHookAndEndsAtThePost) {
+  std::atomic<int> polls{0}, sleeps{0};
+  const auto started = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration waited{};
+  expect_no_errors(on_shm_ranks(2, [&](ShmComm& shm) {
+    if (shm.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      return shm.agree();
+    }
+    const ShmComm::Idle idle{[&] { ++polls; },
+                             [&](std::chrono::microseconds limit) {
+                               ++sleeps;
+                               EXPECT_LE(limit, ShmComm::kIdleSleep);
+                               std::this_thread::sleep_for(limit);
+                             }};
+    const ShmComm::IdleScope scope(shm, idle);
+    shm.agree();
+    waited = std::chrono::steady_clock::now() - started;
+  }));
+  EXPECT_GE(waited, std::chrono::milliseconds(100));
+  EXPECT_GT(polls.load(), 0);
+  // Short sleeps, again and again: 100 ms of them, where the futex would sleep 1 ms at a time unseen.
+  EXPECT_GT(sleeps.load(), 10);
+}
+
+// A peer's failure still ends a wait that idles, at once rather than at the deadline (30 s here).
+TEST(Shm, AWaitThatIdlesFailsAtOnceWhenAPeerFails) {
+  const auto started = std::chrono::steady_clock::now();
+  const auto errors = on_shm_ranks(2, [&](ShmComm& shm) {
+    if (shm.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      return shm.publish_failure("its peer across hosts died");
+    }
+    const ShmComm::Idle idle{[] {}, [](std::chrono::microseconds limit) { std::this_thread::sleep_for(limit); }};
+    const ShmComm::IdleScope scope(shm, idle);
+    shm.agree();
+  });
+  EXPECT_NE(errors[0].find("rank 1 failed this collective: its peer across hosts died"), std::string::npos)
+      << errors[0];
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+}
+
 TEST(Shm, AbortWakesAWaitingRank) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::string error;

@@ -15,86 +15,82 @@
 // decoded on its own, and allreduce's results go back chunk by chunk. The unit is a block (its scale
 // byte and elements: compress::mx_bytes(32)); a piece of k blocks travels as the MX run of the values
 // it covers, which for the part's last block may be short.
+//
+// Both are one level of LevelCodec (level_codec.h), which a wire per level shares.
 #include <atomic>
 #include <cstring>
 
 #include "backend/frames.h"
 #include "backend/host/host_path.h"
+#include "backend/host/reductions/level_codec.h"
 #include "backend/host/shm/shm_algorithms.h"
 #include "backend/host/staging.h"
 #include "backend/host/transport/comm.h"
 #include "backend/host/transport/tags.h"
-#include "backend/wide_data.h"
 
 namespace cnccl::host {
 namespace {
 
-// Where blocks [block, block + k) of a run of parts, `count` elements each (`blocks` blocks), lie in the
-// n elements they were cut from: the first element, the elements the blocks cover (the last part
-// padded to `count` with zeros, as the all-to-all pads it), and how many of those exist.
-struct BlockSpan {
-  size_t first, covered, given;
-  BlockSpan(size_t block, size_t k, size_t blocks, size_t count, size_t n) {
-    const size_t j = block % blocks;
-    first = block / blocks * count + j * compress::kMxBlock;
-    covered = std::min(k * compress::kMxBlock, count - j * compress::kMxBlock);
-    given = first < n ? std::min(covered, n - first) : 0;
-  }
-};
+using Rows = std::vector<std::vector<at::Tensor>>;  // each part's contribution, in pieces (LevelCodec::Row)
 
+// A flat tensor's parts of `count` values, one piece each (the last short, or empty).
+Rows parts_as_rows(const at::Tensor& flat, int parts, int64_t count) {
+  Rows rows;
+  for (const auto& part : frames::parts_of(flat, parts, count)) rows.push_back({part});
+  return rows;
+}
+
+// Of part q's `count` values, those the tensor of n has.
+int64_t given(int64_t n, size_t q, int64_t count) {
+  return std::max<int64_t>(0, std::min(count, n - int64_t(q) * count));
+}
 
 }  // namespace
 
 HostPath::Step HostPath::mx_allreduce_step(const at::Tensor& tensor, const Plan& plan, bool on_shm) {
   const int size = size_;
-  const size_t n = tensor.numel(), count = (n + size - 1) / size;
-  const size_t blocks = (count + compress::kMxBlock - 1) / compress::kMxBlock;
-  const size_t wide = tensor.element_size();
+  const int64_t n = tensor.numel(), count = (n + size - 1) / size;
+  const LevelCodec codec(plan.wire, count, plan.mx_scale);
+  const size_t units = codec.units(), wide = tensor.element_size();
   const at::ScalarType dtype = tensor.scalar_type();
   // Results restored chunk by chunk into the tensor, or into a staging copy that replaces it once
   // every chunk is in (a strided tensor, or untouched_on_failure: docs/design.md, "Shared memory").
   const bool direct = tensor.is_contiguous() && !config_.untouched_on_failure;
   auto src = std::make_shared<at::Tensor>();
+  auto rows = std::make_shared<Rows>();
   Step step;
   step.on_shm = on_shm;
-  step.workspace_bytes = direct ? 0 : n * wide;
+  step.workspace_bytes = direct ? 0 : size_t(n) * wide;
   if (direct) step.wrote_results = std::make_shared<bool>(false);
   const std::shared_ptr<bool> wrote = step.wrote_results;
-  step.pre = [=](const Buffers&) { *src = tensor.contiguous(); };
+  step.pre = [=](const Buffers&) {
+    *src = tensor.reshape({-1}).contiguous();
+    *rows = parts_as_rows(*src, size, count);
+  };
   step.algorithm = [=, this](const Buffers& b) {
-    const char* x = static_cast<const char*>(src->const_data_ptr());
     char* y = direct ? static_cast<char*>(tensor.data_ptr()) : b.workspace;
     const ChunkProduce produce = [=](size_t block, size_t k, char* dst) {
-      const BlockSpan s(block, k, blocks, count, n);
-      with_wide_data(x + s.first * wide, dtype, [&](const auto* v) {
-        compress::mx_encode(v, s.given, s.covered, float(plan.pre_scale), plan.wire, plan.mx_scale,
-                            reinterpret_cast<uint8_t*>(dst));
-      });
+      const size_t q = block / units;
+      codec.encode({&(*rows)[q], count, plan.pre_scale}, block - q * units, k, reinterpret_cast<uint8_t*>(dst));
     };
-    const RankSum sum = [=](const char* const* inputs, char* dst, size_t block, size_t k) {
-      const BlockSpan s(block, k, blocks, count, n);
-      compress::mx_sum_encode(reinterpret_cast<const uint8_t* const*>(inputs), size_t(size), s.covered, plan.wire,
-                              plan.mx_scale, reinterpret_cast<uint8_t*>(dst));
+    const RankSum sum = [=](const char* const* in, char* dst, size_t block, size_t k) {
+      codec.sum_encode(reinterpret_cast<const uint8_t* const*>(in), size, block % units, k,
+                       reinterpret_cast<uint8_t*>(dst));
     };
     const ChunkConsume consume = [=](size_t block, size_t k, const char* result) {
-      const BlockSpan s(block, k, blocks, count, n);
+      const size_t q = block / units;
       if (wrote) *wrote = true;
-      const auto* run = reinterpret_cast<const uint8_t*>(result);
-      if (dtype == at::kDouble) {
-        compress::mx_restore(run, s.covered, reinterpret_cast<double*>(y) + s.first, s.given, float(plan.post_scale),
-                             plan.wire);
-      } else {
-        compress::mx_restore(run, s.covered, reinterpret_cast<float*>(y) + s.first, s.given, float(plan.post_scale),
-                             plan.wire);
-      }
+      codec.restore(reinterpret_cast<const uint8_t*>(result), nullptr, int64_t(q), block - q * units, k,
+                    given(n, q, count), plan.post_scale, dtype, y + q * size_t(count) * wide);
     };
-    ChunkedReduction reduction{Parts::equal(blocks, size), compress::mx_bytes(compress::kMxBlock, plan.wire),
-                           timed_producer(produce), timed_reducer(sum), nullptr, ChunkedReduction::kAll};
+    ChunkedReduction reduction{Parts::equal(units, size), codec.elem(), timed_producer(produce), timed_reducer(sum),
+                               nullptr, ChunkedReduction::kAll};
     reduction.consume = timed_consumer(consume);
     reduce(reduction, on_shm);
   };
   step.post = [=](const Buffers& b) {
     src->reset();
+    rows->clear();
     if (!direct) unpack(b.workspace, tensor);
   };
   return step;
@@ -103,56 +99,47 @@ HostPath::Step HostPath::mx_allreduce_step(const at::Tensor& tensor, const Plan&
 HostPath::Step HostPath::mx_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
                                                 const Plan& plan, bool on_shm) {
   const int size = size_;
-  const size_t each = output.numel();
-  const size_t blocks = (each + compress::kMxBlock - 1) / compress::kMxBlock;
-  const size_t wide = output.element_size();
-  const at::ScalarType dtype = output.scalar_type();
-  auto srcs = std::make_shared<std::vector<at::Tensor>>();
+  const int64_t each = output.numel();
+  const LevelCodec codec(plan.wire, each, plan.mx_scale);
+  const size_t units = codec.units();
+  auto rows = std::make_shared<Rows>();
   Step step;
   step.on_shm = on_shm;
-  // This rank's part's fp32 sums, a block's worth of floats for each of its blocks.
-  step.workspace_bytes = blocks * compress::kMxBlock * sizeof(float);
+  step.workspace_bytes = codec.sums_bytes();  // this rank's part's fp32 sums
   step.pre = [=](const Buffers&) {
-    for (const auto& in : inputs) srcs->push_back(in.contiguous());
+    for (const auto& in : inputs) rows->push_back({in.contiguous()});
   };
   step.algorithm = [=, this](const Buffers& b) {
-    std::vector<const char*> x;
-    for (const auto& in : *srcs) x.push_back(static_cast<const char*>(in.const_data_ptr()));
     const ChunkProduce produce = [=](size_t block, size_t k, char* dst) {
-      const BlockSpan s(block, k, blocks, each, each * size_t(size));
-      with_wide_data(x[block / blocks] + (s.first % std::max<size_t>(each, 1)) * wide, dtype, [&](const auto* v) {
-        compress::mx_encode(v, s.covered, s.covered, float(plan.pre_scale), plan.wire, plan.mx_scale,
-                            reinterpret_cast<uint8_t*>(dst));
-      });
+      const size_t q = block / units;
+      codec.encode({&(*rows)[q], each, plan.pre_scale}, block - q * units, k, reinterpret_cast<uint8_t*>(dst));
     };
     const RankSum sum = [=](const char* const* in, char* dst, size_t block, size_t k) {
-      const BlockSpan s(block, k, blocks, each, each * size_t(size));
-      compress::mx_sum(reinterpret_cast<const uint8_t* const*>(in), size_t(size), reinterpret_cast<float*>(dst),
-                       s.covered, plan.wire);
+      codec.sum(reinterpret_cast<const uint8_t* const*>(in), size, nullptr, block % units, k,
+                reinterpret_cast<float*>(dst));
     };
-    reduce({Parts::equal(blocks, size), compress::mx_bytes(compress::kMxBlock, plan.wire), timed_producer(produce),
-            timed_reducer(sum), b.workspace, ChunkedReduction::kOwn, 0, compress::kMxBlock * sizeof(float)},
+    reduce({Parts::equal(units, size), codec.elem(), timed_producer(produce), timed_reducer(sum), b.workspace,
+            ChunkedReduction::kOwn, 0, codec.out_elem()},
            on_shm);
   };
   step.post = [=](const Buffers& b) {
-    srcs->clear();
+    rows->clear();
     restore_sums_into(reinterpret_cast<const float*>(b.workspace), output, plan);
   };
   return step;
 }
 
 HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const Plan& plan, bool on_shm) {
-  const int size = size_, rank = rank_;
+  const int size = size_;
   const int64_t n = tensor.numel(), count = (n + size - 1) / size;
-  const size_t width = compress::wire_bytes(plan.wire);
-  const size_t units = size_t(frames::frame_bytes(count, plan.wire)) / width;
-  const int64_t values_at = frames::payload_offset(plan.wire) / int64_t(width);
-  const size_t wide = tensor.element_size();
+  const LevelCodec codec(plan.wire, count, plan.mx_scale);
+  const size_t units = codec.units(), width = codec.elem(), wide = tensor.element_size();
   const at::ScalarType dtype = tensor.scalar_type();
   // The owners' frames are restored as their pieces come: into the tensor, or into a staging copy
   // that replaces it once every frame is in (a strided tensor, or untouched_on_failure).
   const bool direct = tensor.is_contiguous() && !config_.untouched_on_failure;
   auto src = std::make_shared<at::Tensor>();
+  auto rows = std::make_shared<Rows>();
   auto mine = std::make_shared<std::vector<int32_t>>(size);   // this rank's exponent of each part
   auto heard = std::make_shared<std::vector<int32_t>>(size);  // every rank's exponent of this owner's part
   auto told = std::make_shared<std::vector<int32_t>>(size);   // each owner's exponent of its sum
@@ -162,26 +149,24 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
   Step step;
   step.on_shm = on_shm;
   // This owner's fp32 sums, a float for each unit of its frame; then the staging copy, unless direct.
-  const size_t sums_bytes = (units * sizeof(float) + 63) / 64 * 64;
+  const size_t sums_bytes = codec.sums_bytes();
   step.workspace_bytes = sums_bytes + (direct ? 0 : size_t(n) * wide);
   if (direct) step.wrote_results = std::make_shared<bool>(false);
   const std::shared_ptr<bool> wrote = step.wrote_results;
   step.pre = [=](const Buffers&) {
     *src = tensor.reshape({-1}).contiguous();
-    const auto rows = frames::parts_of(*src, size, count);
-    for (int q = 0; q < size; ++q) (*mine)[q] = frames::row_exponent(rows[q], plan.pre_scale, plan.wire);
+    *rows = parts_as_rows(*src, size, count);
+    for (int q = 0; q < size; ++q) (*mine)[q] = codec.exponent({&(*rows)[q], count, plan.pre_scale});
   };
   step.algorithm = [=, this](const Buffers& b) {
-    const auto rows = frames::parts_of(*src, size, count);
     const ChunkProduce produce = [=](size_t first, size_t len, char* dst) {
       const size_t q = first / units;
-      frames::encode_piece(rows[q], (*mine)[q], plan.pre_scale, plan.wire, count, int64_t((first - q * units) * width),
-                           int64_t(len * width), reinterpret_cast<uint8_t*>(dst));
+      codec.encode({&(*rows)[q], count, plan.pre_scale, (*mine)[q]}, first - q * units, len,
+                   reinterpret_cast<uint8_t*>(dst));
     };
     const RankSum sum = [=](const char* const* in, char* dst, size_t first, size_t len) {
-      const float a = frames::sum_pieces(reinterpret_cast<const uint8_t* const*>(in), size, heard->data(), plan.wire,
-                                         count, int64_t((first - size_t(rank) * units) * width), int64_t(len * width),
-                                         reinterpret_cast<float*>(dst));
+      const float a = codec.sum(reinterpret_cast<const uint8_t* const*>(in), size, heard->data(),
+                                first % units, len, reinterpret_cast<float*>(dst));
       uint32_t bits, seen = largest->load(std::memory_order_relaxed);
       std::memcpy(&bits, &a, sizeof bits);
       bits &= 0x7FFFFFFFu;
@@ -190,32 +175,30 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
     };
     char* sums = b.workspace;
     reduce({Parts::equal(units, size), width, timed_producer(produce), timed_reducer(sum), sums,
-            ChunkedReduction::kOwn, 0, sizeof(float)},
+            ChunkedReduction::kOwn, 0, codec.out_elem()},
            on_shm);
     // The owner's frame of its sum needs the whole sum's amax: it goes out once every piece is in.
-    const at::Tensor total = view(sums + values_at * int64_t(sizeof(float)), count, at::kFloat);
+    const std::vector<at::Tensor> total{
+        view(sums + codec.values_at() * sizeof(float), count, at::kFloat)};
     int32_t k = 0;
     timed_reduce([&] {
       const compress::CensusSamplesPaused not_a_contribution;
       const uint32_t bits = largest->load(std::memory_order_relaxed);  // a NaN's bits are a NaN
       float amax;
       std::memcpy(&amax, &bits, sizeof amax);
-      k = frames::sum_exponent(amax, total, plan.wire);
+      k = frames::sum_exponent(amax, total[0], plan.wire);
     });
-    const ChunkProduce frame_sum = [=](size_t first, size_t len, char* dst) {
+    const ChunkProduce frame_sum = [&](size_t first, size_t len, char* dst) {
       const compress::CensusSamplesPaused not_a_contribution;
-      frames::encode_piece(total, k, 1.0, plan.wire, count, int64_t((first - size_t(rank) * units) * width),
-                           int64_t(len * width), reinterpret_cast<uint8_t*>(dst));
+      codec.encode({&total, count, 1.0, k}, first % units, len, reinterpret_cast<uint8_t*>(dst));
     };
     char* y = direct ? static_cast<char*>(tensor.data_ptr()) : b.workspace + sums_bytes;
     const ChunkConsume restore = [=](size_t first, size_t len, const char* piece) {
       const size_t q = first / units;
-      const int64_t from_value = int64_t(q) * count;
-      if (from_value >= n) return;  // a part past the tensor's end (n < size): nothing of it is read, as restore()
-      frames::restore_piece(reinterpret_cast<const uint8_t*>(piece), &(*told)[q], int64_t(q), plan.wire, count,
-                            std::min<int64_t>(n - from_value, count), int64_t((first - q * units) * width),
-                            int64_t(len * width), plan.post_scale, dtype, y + from_value * int64_t(wide));
-      if (wrote) *wrote = true;  // after the header's check: a bad one writes nothing
+      codec.restore(reinterpret_cast<const uint8_t*>(piece), &(*told)[q], int64_t(q), first - q * units, len,
+                    given(n, q, count), plan.post_scale, dtype, y + q * size_t(count) * wide);
+      // After the header's check (a bad one writes nothing); a part past the tensor's end writes nothing.
+      if (wrote && given(n, q, count)) *wrote = true;
     };
     const Parts parts = Parts::equal(units, size);
     if (on_shm) return allgather_shm(*shm_, nullptr, parts, width, timed_producer(frame_sum), timed_consumer(restore));
@@ -223,6 +206,7 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
   };
   step.post = [=](const Buffers& b) {
     src->reset();
+    rows->clear();
     if (!direct) unpack(b.workspace + sums_bytes, tensor);
   };
   return step;
@@ -230,41 +214,39 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
 
 HostPath::Step HostPath::framed_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
                                                     const Plan& plan, bool on_shm) {
-  const int size = size_, rank = rank_;
+  const int size = size_;
   const int64_t each = output.numel();
-  const size_t width = compress::wire_bytes(plan.wire), units = size_t(frames::frame_bytes(each, plan.wire)) / width;
-  const int64_t values_at = frames::payload_offset(plan.wire) / int64_t(width);
-  auto srcs = std::make_shared<std::vector<at::Tensor>>();
+  const LevelCodec codec(plan.wire, each, plan.mx_scale);
+  const size_t units = codec.units();
+  auto rows = std::make_shared<Rows>();
   auto mine = std::make_shared<std::vector<int32_t>>(size);
   auto heard = std::make_shared<std::vector<int32_t>>(size);
   Step step;
   step.on_shm = on_shm;
-  // This rank's fp32 sums, a float for each unit of its part's frame.
-  step.workspace_bytes = units * sizeof(float);
+  step.workspace_bytes = codec.sums_bytes();  // this rank's fp32 sums, a float for each unit of its frame
   step.pre = [=](const Buffers&) {
     for (int q = 0; q < size; ++q) {
-      srcs->push_back(inputs[size_t(q)].contiguous());
-      (*mine)[q] = frames::row_exponent(srcs->back(), plan.pre_scale, plan.wire);
+      rows->push_back({inputs[size_t(q)].contiguous()});
+      (*mine)[q] = codec.exponent({&rows->back(), each, plan.pre_scale});
     }
   };
   step.algorithm = [=, this](const Buffers& b) {
     const ChunkProduce produce = [=](size_t first, size_t len, char* dst) {
       const size_t q = first / units;
-      frames::encode_piece((*srcs)[q], (*mine)[q], plan.pre_scale, plan.wire, each,
-                           int64_t((first - q * units) * width), int64_t(len * width), reinterpret_cast<uint8_t*>(dst));
+      codec.encode({&(*rows)[q], each, plan.pre_scale, (*mine)[q]}, first - q * units, len,
+                   reinterpret_cast<uint8_t*>(dst));
     };
     const RankSum sum = [=](const char* const* in, char* dst, size_t first, size_t len) {
-      frames::sum_pieces(reinterpret_cast<const uint8_t* const*>(in), size, heard->data(), plan.wire, each,
-                         int64_t((first - size_t(rank) * units) * width), int64_t(len * width),
-                         reinterpret_cast<float*>(dst));
+      codec.sum(reinterpret_cast<const uint8_t* const*>(in), size, heard->data(), first % units, len,
+                reinterpret_cast<float*>(dst));
     };
-    reduce({Parts::equal(units, size), width, timed_producer(produce), timed_reducer(sum), b.workspace,
-            ChunkedReduction::kOwn, 0, sizeof(float)},
+    reduce({Parts::equal(units, size), codec.elem(), timed_producer(produce), timed_reducer(sum), b.workspace,
+            ChunkedReduction::kOwn, 0, codec.out_elem()},
            on_shm);
   };
   step.post = [=](const Buffers& b) {
-    srcs->clear();
-    restore_sums_into(reinterpret_cast<const float*>(b.workspace) + values_at, output, plan);
+    rows->clear();
+    restore_sums_into(reinterpret_cast<const float*>(b.workspace) + codec.values_at(), output, plan);
   };
   return step;
 }

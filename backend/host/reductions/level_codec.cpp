@@ -1,0 +1,188 @@
+#include "backend/host/reductions/level_codec.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/frames.h"
+#include "backend/host/staging.h"
+#include "backend/wide_data.h"
+
+namespace cnccl::host {
+namespace {
+
+constexpr size_t kBlock = compress::kMxBlock;
+
+const char* data_at(const at::Tensor& piece, size_t value) {
+  return static_cast<const char*>(piece.const_data_ptr()) + value * piece.element_size();
+}
+
+// Values [at, at + len) of `row`, cut where its pieces end: f(where in the run, the piece (null past the
+// last), its first value there, how many it has, the run's values there).
+template <typename F>
+void runs(const LevelCodec::Row& row, size_t at, size_t len, const F& f) {
+  const std::vector<at::Tensor>& pieces = *row.pieces;
+  const size_t segment = size_t(row.segment);
+  for (size_t v = at; v < at + len;) {
+    const size_t j = v / segment, off = v % segment;
+    const size_t run = std::min(at + len - v, segment - off);
+    const at::Tensor* piece = j < pieces.size() ? &pieces[j] : nullptr;
+    const size_t have = piece ? std::min(run, size_t(std::max<int64_t>(piece->numel() - int64_t(off), 0))) : 0;
+    f(v - at, piece, off, have, run);
+    v += run;
+  }
+}
+
+}  // namespace
+
+LevelCodec::LevelCodec(const std::optional<compress::Wire>& wire, int64_t count, compress::MxScale mx_scale)
+    : form_(!wire ? Form::kFp32 : compress::is_mx(*wire) ? Form::kBlocks : Form::kFrames),
+      mx_scale_(mx_scale),
+      count_(count) {
+  if (wire) wire_ = *wire;
+  switch (form_) {
+    case Form::kFp32:
+      units_ = size_t(count), elem_ = out_elem_ = sizeof(float);
+      break;
+    case Form::kFrames:
+      elem_ = compress::wire_bytes(wire_), out_elem_ = sizeof(float);
+      units_ = size_t(frames::frame_bytes(count, wire_)) / elem_;
+      values_at_ = size_t(frames::payload_offset(wire_)) / elem_;
+      break;
+    case Form::kBlocks:
+      units_ = (size_t(count) + kBlock - 1) / kBlock;
+      elem_ = compress::mx_bytes(kBlock, wire_);
+      out_elem_ = kBlock * sizeof(float);
+      break;
+  }
+}
+
+std::pair<size_t, size_t> LevelCodec::values_of(size_t u, size_t k) const {
+  const size_t count = size_t(count_);
+  size_t first = u, end = u + k;
+  if (form_ == Form::kFrames) {
+    first = std::max(u, values_at_) - values_at_;
+    end = std::max(end, values_at_) - values_at_;
+  }
+  if (form_ == Form::kBlocks) first = u * kBlock, end = (u + k) * kBlock;
+  first = std::min(first, count);
+  return {first, std::min(end, count) - first};
+}
+
+std::pair<size_t, size_t> LevelCodec::units_of(size_t v0, size_t v1) const {
+  switch (form_) {
+    case Form::kFp32: return {v0, v1};
+    case Form::kFrames: return {values_at_ + v0, values_at_ + v1};
+    case Form::kBlocks: break;
+  }
+  return {v0 / kBlock, (v1 + kBlock - 1) / kBlock};
+}
+
+int32_t LevelCodec::exponent(const Row& row) const {
+  return form_ == Form::kFrames ? frames::row_exponent(*row.pieces, row.scale, wire_) : 0;
+}
+
+void LevelCodec::encode(const Row& row, size_t u, size_t k, uint8_t* dst) const {
+  const std::vector<at::Tensor>& pieces = *row.pieces;
+  const at::ScalarType dtype = pieces[0].scalar_type();
+  switch (form_) {
+    case Form::kFp32: {
+      auto* out = reinterpret_cast<float*>(dst);
+      runs(row, u, k, [&](size_t o, const at::Tensor* piece, size_t off, size_t have, size_t run) {
+        if (have) {
+          with_wide_data(data_at(*piece, off), dtype, [&](const auto* v) {
+            using T = std::remove_cv_t<std::remove_pointer_t<decltype(v)>>;
+            const T scale = T(float(row.scale));
+            for (size_t i = 0; i < have; ++i) out[o + i] = float(v[i] * scale);
+          });
+        }
+        std::fill(out + o + have, out + o + run, 0.0f);
+      });
+      return;
+    }
+    case Form::kFrames: {
+      const int64_t from = int64_t(u * elem_), end = from + int64_t(k * elem_);
+      const int64_t header = frames::payload_offset(wire_), width = int64_t(elem_), segment = row.segment;
+      const int64_t n = int64_t(pieces.size());
+      // Piece j writes the frame's bytes of its values as the frame of its own values alone would, that
+      // frame moved by j x segment values: the header goes with the first piece, the padding with the last.
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t shift = j * segment * width, last = j + 1 == n;
+        const int64_t lo = std::max(from, j == 0 ? 0 : header + shift);
+        const int64_t hi = last ? end : std::min(end, header + shift + segment * width);
+        if (hi <= lo) continue;
+        frames::encode_piece(pieces[size_t(j)], row.k, row.scale, wire_, last ? count_ - j * segment : segment,
+                             lo - shift, hi - lo, dst + (lo - from));
+      }
+      return;
+    }
+    case Form::kBlocks:
+      break;
+  }
+  const auto [at, len] = values_of(u, k);
+  const size_t segment = size_t(row.segment), j = at / segment;
+  if (len == 0 || (at + len - 1) / segment == j) {
+    const size_t off = at % segment;
+    const at::Tensor& piece = pieces[j];
+    const size_t have = std::min(len, size_t(std::max<int64_t>(piece.numel() - int64_t(off), 0)));
+    return with_wide_data(data_at(piece, off), dtype, [&](const auto* v) {
+      compress::mx_encode(v, have, len, float(row.scale), wire_, mx_scale_, dst);
+    });
+  }
+  // Blocks across two pieces (a reduce_scatter's outputs of other than 32 x m values): their values
+  // joined first, this run's alone.
+  with_wide_data(data_at(pieces[0], 0), dtype, [&](const auto* first_piece) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(first_piece)>>;
+    std::vector<T> joined(len, T(0));
+    runs(row, at, len, [&](size_t o, const at::Tensor* piece, size_t off, size_t have, size_t) {
+      if (have) std::memcpy(joined.data() + o, data_at(*piece, off), have * sizeof(T));
+    });
+    compress::mx_encode(joined.data(), len, len, float(row.scale), wire_, mx_scale_, dst);
+  });
+}
+
+float LevelCodec::sum(const uint8_t* const* in, int ranks, int32_t* heard, size_t u, size_t k, float* dst) const {
+  switch (form_) {
+    case Form::kFp32:
+      std::memcpy(dst, in[0], k * sizeof(float));
+      for (int r = 1; r < ranks; ++r) {
+        const auto* v = reinterpret_cast<const float*>(in[r]);
+        for (size_t i = 0; i < k; ++i) dst[i] += v[i];
+      }
+      return 0.0f;
+    case Form::kFrames:
+      return frames::sum_pieces(in, ranks, heard, wire_, count_, int64_t(u * elem_), int64_t(k * elem_), dst);
+    case Form::kBlocks:
+      compress::mx_sum(in, size_t(ranks), dst, values_of(u, k).second, wire_);
+      return 0.0f;
+  }
+  return 0.0f;
+}
+
+void LevelCodec::sum_encode(const uint8_t* const* in, int ranks, size_t u, size_t k, uint8_t* dst) const {
+  TORCH_INTERNAL_ASSERT(form_ == Form::kBlocks, "cnccl: sum_encode takes MX blocks");
+  compress::mx_sum_encode(in, size_t(ranks), values_of(u, k).second, wire_, mx_scale_, dst);
+}
+
+void LevelCodec::restore(const uint8_t* run, int32_t* told, int64_t sender, size_t u, size_t k, int64_t given,
+                         double post_scale, at::ScalarType dtype, char* dst) const {
+  if (form_ == Form::kFrames) {
+    if (given <= 0) return;  // a part past the tensor's end: nothing of it is read, as frames::restore()
+    return frames::restore_piece(run, told, sender, wire_, count_, std::min(given, count_), int64_t(u * elem_),
+                                 int64_t(k * elem_), post_scale, dtype, dst);
+  }
+  const auto [at, len] = values_of(u, k);
+  const size_t n = int64_t(at) < given ? std::min(len, size_t(given) - at) : 0;
+  if (n == 0) return;
+  char* out = dst + at * at::elementSize(dtype);
+  if (form_ == Form::kFp32) {
+    return write_scaled_sums(view(reinterpret_cast<char*>(const_cast<uint8_t*>(run)), int64_t(n), at::kFloat),
+                             view(out, int64_t(n), dtype), post_scale);
+  }
+  if (dtype == at::kDouble) {
+    compress::mx_restore(run, len, reinterpret_cast<double*>(out), n, float(post_scale), wire_);
+  } else {
+    compress::mx_restore(run, len, reinterpret_cast<float*>(out), n, float(post_scale), wire_);
+  }
+}
+
+}  // namespace cnccl::host
