@@ -15,8 +15,8 @@ Schedules (n elements, b bytes an element on the wire, H = N / L hosts):
 - direct: with one rank a host, at most 256 KiB of wire bytes: every rank's whole tensor to every peer.
 - hierarchical: the host path's allreduce across hosts of several ranks (16-bit wire or none): a
   reduce-scatter through shared memory (fp32 sums, rounded once), the H owners of each part exchange it in
-  the wire type (16-bit adds) by a ring, or directly (each its whole part to every other) where a part is at
-  most 256 KiB of wire bytes, and an allgather through shared memory.
+  the wire type by the all-to-all (each chunk to its owner, added in the wire type in host order, the sums
+  back), and an allgather through shared memory; pipelined as hierarchical-a2a is.
 - hierarchical-a2a: the same with the fp32-sum all-to-all among the H owners: a wire per level
   (inter_host_wire, backend/host/reductions/level_reductions.cpp), the cross-host bytes of the hierarchical ring in the
   wire across, H-1 messages a phase instead of N-1, three roundings. Pipelined: a chunk crosses hosts while
@@ -67,7 +67,7 @@ def cnccl_schedule(wire, accumulate, scaling, ranks, per_host, nbytes, min_bytes
 
 # The pieces of a pipelined exchange (backend/host/algorithms/reduce_chunked.cpp: at most kMaxChunks a part
 # of about kChunkBytes; level_reductions.cpp's kLevelChunkBytes across hosts).
-CHUNK_BYTES = {"alltoall": 1 << 20, "hierarchical-a2a": 256 << 10}
+CHUNK_BYTES = {"alltoall": 1 << 20, "hierarchical": 256 << 10, "hierarchical-a2a": 256 << 10}
 MAX_CHUNKS = 64
 
 
@@ -97,12 +97,6 @@ def predict(schedule, ranks, per_host, n, b, gbit, cores_s, burst_bytes=0):
     return pipelined(link_s, cores_s, chunks(schedule, ranks, per_host, n, b))
 
 
-def owners_exchange_directly(per_host, n, b):
-    """Whether the hierarchical allreduce's owners exchange their parts directly rather than by a ring
-    (allreduce_hierarchical.cpp: a part of at most kDirectAllreduceMaxBytes)."""
-    return n / per_host * b <= DIRECT_MAX_BYTES
-
-
 def cross_host_bytes(schedule, ranks, per_host, n, b):
     """Bytes each host's link carries in each direction for one allreduce of n elements."""
     N, L = ranks, per_host
@@ -115,8 +109,6 @@ def cross_host_bytes(schedule, ranks, per_host, n, b):
         return L * 2 * (N - L) / N * n * b  # each rank's parts to the remote owners, their results back
     if schedule == "alltoall+ring":
         return L * (N - L) / N * n * b + (N - 1) / N * n * b
-    if schedule == "hierarchical" and owners_exchange_directly(L, n, b):
-        return (H - 1) * n * b  # each of L owners: its n/L elements to H-1 peers
     if schedule in ("hierarchical", "hierarchical-a2a"):
         return 2 * (H - 1) / H * n * b  # each of L owners: 2(H-1)/H of its n/L elements
     if schedule == "tree":
@@ -158,14 +150,10 @@ def model(schedule, ranks, per_host, n, b, gbit, latency, overhead, memory_gbps)
     elif schedule == "direct":
         messages, roundings = N - 1, N
         seconds = latency + (N - 1) * overhead + across / link
-    elif schedule == "hierarchical" and owners_exchange_directly(L, n, b):
-        messages, roundings = H - 1, H + 1
-        seconds = latency + (H - 1) * overhead + across / link
-    elif schedule == "hierarchical":
-        messages, roundings = 2 * (H - 1), H + 1
-        seconds = 2 * (H - 1) * (latency + overhead + n * b / H / link)
-    elif schedule == "hierarchical-a2a":
-        messages, roundings = 2 * (H - 1), 3
+    elif hier:
+        # The owners' all-to-all, its chunks overlapping the levels inside the host; the hosts' sums add in
+        # the wire type (H - 1 roundings) unless the wire across differs (fp32 sums, rounded once).
+        messages, roundings = 2 * (H - 1), H + 1 if schedule == "hierarchical" else 3
         pieces = chunks(schedule, N, L, n, b)
         messages *= pieces
         # The levels overlap: the inside's memory time is hidden but for a chunk's worth, added below.
@@ -179,7 +167,7 @@ def model(schedule, ranks, per_host, n, b, gbit, latency, overhead, memory_gbps)
         raise ValueError(schedule)
     seconds += inside / (memory_gbps * 1e9)
     bandwidth = across / link + inside / (memory_gbps * 1e9)
-    if schedule == "hierarchical-a2a":
+    if hier:
         bandwidth = pipelined(across / link, inside / (memory_gbps * 1e9), chunks(schedule, N, L, n, b))
     return {"inside": inside, "across_per_host": across, "messages": messages,
             "roundings": roundings, "seconds": seconds, "latency_share": max(0.0, 1 - bandwidth / seconds)}

@@ -3,7 +3,9 @@ and 3 x 2 ranks (network namespaces, each host's ranks one torchrun in an IPC na
 tests/python/hosts.py), so the host path runs shared memory inside each host and UCX across. Every
 allreduce and reduce_scatter_tensor must give, bit for bit, what wire_formats.level_allreduce and
 level_reduce_scatter compute from every rank's input (the frames and MX blocks through wire_formats'
-emulations, torchao the MX oracle). Also: cnccl.config() names each level's wire, and a group whose hosts
+emulations, torchao the MX oracle); a group with one 16-bit wire at both levels (the plain hierarchical
+allreduce), each host's fp32 sum rounded once and the hosts' sums added in the wire type in host order. Also:
+cnccl.config() names each level's wire, and a group whose hosts
 disagree on inter_host_wire fails on every rank naming both settings, at 4 x 2 too, where two hosts see no
 disagreement themselves and learn it across hosts.
 
@@ -27,7 +29,8 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cnccl  # noqa: E402
 from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, check_case, engine_of, gloo_group, share, shared_job  # noqa: E402
-from wire_formats import level_allreduce, level_reduce_scatter, mixed_magnitudes  # noqa: E402
+from wire_formats import (WIRE_DTYPE, level_allreduce, level_reduce_scatter, mixed_magnitudes,  # noqa: E402
+                          rank_order_sum)
 
 TIMEOUT = 600
 # (inside, across): the issue's per-level pairs, exact fp32 inside, 16-bit across, and 8-bit frames.
@@ -99,6 +102,11 @@ def cases():
     for inside, across in [("fp16", "mxfp8"), ("none", "e4m3"), ("mxfp8", "fp16")]:
         out.append(dict(kind="allreduce", inside=inside, across=across, n=70_001, op="avg", fp64=True))
         out.append(dict(kind="reduce_scatter", inside=inside, across=across, n=7_001, op="sum", fp64=True))
+    # One wire at both levels, accumulate=wire: the plain hierarchical allreduce, its levels pipelined too.
+    for wire in ("fp16", "bf16"):
+        for n in (5, 1000, 300_001, 3_000_001):
+            out.append(dict(kind="hierarchical", inside=wire, across=wire, n=n, op="sum"))
+        out.append(dict(kind="hierarchical", inside=wire, across=wire, n=70_001, op="avg"))
     return out
 
 
@@ -186,9 +194,10 @@ def worker(outdir):
                   case.get("flush", False), case.get("fp64", False))
         if levels not in groups:
             torch.set_flush_denormal(levels[4])
-            groups[levels] = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
-                wire_dtype=case["inside"], inter_host_wire=case["across"], accumulate="fp32", min_bytes=0,
-                sum_scaling=levels[2], mx_scale=levels[3], compress_fp64=levels[5]))
+            options = (dict(wire_dtype=case["inside"], min_bytes=0) if case["kind"] == "hierarchical" else
+                       dict(wire_dtype=case["inside"], inter_host_wire=case["across"], accumulate="fp32", min_bytes=0,
+                            sum_scaling=levels[2], mx_scale=levels[3], compress_fp64=levels[5]))
+            groups[levels] = dist.new_group(backend="cnccl", pg_options=cnccl.Options(**options))
             torch.set_flush_denormal(False)
         group = groups[levels]
         if i == 0:
@@ -198,7 +207,7 @@ def worker(outdir):
         if case["kind"] == "reduce":
             x = small_integers(i, rank, case["n"])
             dist.reduce(x, dst=world - 1, op=op, group=group)
-        elif case["kind"] == "allreduce":
+        elif case["kind"] in ("allreduce", "hierarchical"):
             x = allreduce_input(case, i, rank)
             dist.all_reduce(x, op=op, group=group)
             x = x.clone()
@@ -301,7 +310,17 @@ def check(tmp_path, hosts, per_host):
             got = outs[world - 1][i]
             assert torch.equal(got, total), f"{name}: the root's result is not the exact sum"
             continue
-        if case["kind"] == "allreduce":
+        if case["kind"] == "hierarchical":
+            # Each host's fp32 sum in rank order rounded once to the wire, then the hosts' sums added in the
+            # wire type in host order (each add rounded), widened.
+            xs = [allreduce_input(case, i, r).float() for r in range(world)]
+            host_sums = [rank_order_sum(xs[h * per_host:(h + 1) * per_host], case["inside"], pre)
+                         .to(WIRE_DTYPE[case["inside"]]) for h in range(hosts)]
+            total = host_sums[0]
+            for host_sum in host_sums[1:]:
+                total = total + host_sum
+            want = [total.float() * post] * world
+        elif case["kind"] == "allreduce":
             xs = [allreduce_input(case, i, r).contiguous().float() for r in range(world)]
             want = [level_allreduce(xs, hosts, per_host, case["inside"], case["across"], pre, post, mx_scale)] * world
         else:

@@ -32,13 +32,6 @@
 #include "backend/host/transport/tags.h"
 
 namespace cnccl::host {
-namespace {
-
-// Level 2's pieces: a quarter of reduce_chunked's default, so that at 64 MiB a sub-part goes in about
-// 16 chunks and the first chunk's level 1 and the last one's restore, which nothing overlaps, are short.
-constexpr size_t kLevelChunkBytes = size_t(256) << 10;
-
-}  // namespace
 
 HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at::Tensor>>()> make_rows,
                                         int64_t count, int64_t segment, const Plan& plan, size_t staging_bytes,
