@@ -148,16 +148,21 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at
     const size_t wide = at::elementSize(results.dtype);
     // An allreduce's results of units [first, first + k) of sub-part j, restored into this local part and
     // then shared with the host (level 3), in the order reduce_chunked or allgather_chunked hands them over.
-    const ChunkConsume restore = timed_consumer([&](size_t first, size_t k, const char* run) {
+    const ChunkConsume restore_run = timed_consumer([&](size_t first, size_t k, const char* run) {
       const size_t j = first / sub_units, u = first - j * sub_units;
       const int64_t base = int64_t(j) * sub, given = results.have - base;
       across.restore(reinterpret_cast<const uint8_t*>(run), &told[j], int64_t(j), u, k, given, plan.post_scale,
                      results.dtype, y + base * int64_t(wide));
       // After a frame's header check (a bad one writes nothing); a sub-part past the tensor's end writes nothing.
       if (results.wrote && given > 0) *results.wrote = true;
-      const auto [v, len] = across.values_of(u, k);
-      results.share(size_t(base) + v, len, b.workspace);
     });
+    // Level 3 is a transfer, timed as one.
+    const ChunkConsume restore = [&](size_t first, size_t k, const char* run) {
+      restore_run(first, k, run);
+      const size_t j = first / sub_units;
+      const auto [v, len] = across.values_of(first - j * sub_units, k);
+      results.share(j * size_t(sub) + v, len, b.workspace);
+    };
     char* total = b.workspace + total_at;
     const Parts parts = Parts::equal(sub_units, hosts);
     // A power-of-two frame's owner frames its sum once every piece is in; the frames are then allgathered.
