@@ -7,6 +7,7 @@
 #include "backend/composed/composed_path.h"
 #include "backend/composed/issued_path.h"
 #include "backend/cuda/nccl_engine.h"
+#include "backend/group_store.h"
 #include "backend/host/host_path.h"
 #include "backend/work.h"
 
@@ -23,10 +24,11 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
                                      c10::intrusive_ptr<cnccl::Options> options,
                                      c10::intrusive_ptr<c10d::Backend> cpu_engine,
                                      c10::intrusive_ptr<c10d::Backend> cuda_path)
-    : c10d::Backend(rank, size), store_(store), options_(std::move(options)), cuda_(std::move(cuda_path)) {
+    : c10d::Backend(rank, size), options_(std::move(options)), cuda_(std::move(cuda_path)) {
   TORCH_CHECK_VALUE(options_, "cnccl: options must not be None");
   config_ = options_->resolve();
   const std::string name = options_->group_name.empty() ? "unnamed" : options_->group_name;
+  store_ = group_store(store, rank, size, options_->timeout, name);
   if (config_.cpu_engine == CpuEngine::kGloo) {
     TORCH_CHECK_VALUE(!config_.per_level(), "cnccl: inter_host_wire=", config_.wire_across_name(), " differs from ",
                       "wire_dtype=", config_.wire_name(), ", but cpu_engine=gloo: gloo decides how its sums cross hosts, ",
@@ -42,7 +44,7 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
     cpu_ = c10::make_intrusive<composed::IssuedPath>(composed, cpu_engine, name, config_, options_->timeout, stats_);
   } else {
     TORCH_CHECK_VALUE(!cpu_engine, "cnccl: a CPU engine was passed, but cpu_engine is ucx");
-    auto host = c10::make_intrusive<host::HostPath>(store, rank, size, name, config_, options_->timeout, stats_);
+    auto host = c10::make_intrusive<host::HostPath>(store_, rank, size, name, config_, options_->timeout, stats_);
     host_ = host.get();
     cpu_ = host;
   }

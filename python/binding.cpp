@@ -9,6 +9,7 @@
 
 #include "backend/composed/device.h"
 #include "backend/frames.h"
+#include "backend/group_store.h"
 #include "backend/process_group.h"
 #include "backend/release_gate.h"
 #include "compress/codec.h"
@@ -124,6 +125,11 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
                ", untouched_on_failure=" + show(o.untouched_on_failure) + ", telemetry=" + show(o.telemetry) +
                ", mx_scale=" + show(o.mx_scale) + ", inter_host_wire=" + show(o.inter_host_wire) + ")";
       });
+
+  // The registration makes the group's store first, so that the gloo engine it builds keeps its keys
+  // there too (backend/group_store.h).
+  m.def("_group_store", &cnccl::group_store, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+        py::arg("group_name"), py::call_guard<py::gil_scoped_release>());
 
   py::class_<cnccl::ProcessGroupCNCCL, c10d::Backend, IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>>(
       m, "ProcessGroupCNCCL")

@@ -214,15 +214,20 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
     c10d::AllgatherOptions opts;
     opts.timeout = job->timeout;
     const int rank = engine->getRank(), size = engine->getSize();
+    const auto start = std::chrono::steady_clock::now();
     try {
       auto work = engine->allgather(all, in, opts);
       if (work) wait_unless_settled(*work, *job);
     } catch (...) {
-      // gloo's allgather is a ring: this rank waits on the one before it.
+      // gloo's allgather is a ring: this rank waits on the one before it. A peer that died fails it at
+      // once (its connection resets), long before the timeout: say which of the two it was.
       const int left = (rank + size - 1) % size;
-      throw backend_error(job->what + " [peer rank " + std::to_string(left) + "]: timed out or failed after " +
-                          std::to_string(job->timeout.count()) + " ms waiting for every rank to reach this " +
-                          "collective (gloo: " + message_of(std::current_exception()) + ")");
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+      const bool timed_out = waited >= job->timeout;
+      throw backend_error(job->what + " [peer rank " + std::to_string(left) + "]: " +
+                          (timed_out ? "timed out after " : "failed after ") + std::to_string(waited.count()) +
+                          " ms (the group's timeout is " + std::to_string(job->timeout.count()) + " ms) waiting for " +
+                          "every rank to reach this collective (gloo: " + message_of(std::current_exception()) + ")");
     }
     if (job->settled) return;  // gloo may still be writing `all`
     for (int r = 0; r < size; ++r) {

@@ -8,7 +8,7 @@ _registered = False
 
 
 def _create(dist_backend_opts, pg_options):
-    from cnccl._C import Options, ProcessGroupCNCCL
+    from cnccl._C import Options, ProcessGroupCNCCL, _group_store
 
     if pg_options is None:
         options = Options()
@@ -29,7 +29,9 @@ def _create(dist_backend_opts, pg_options):
     options._timeout = dist_backend_opts.timeout
     options.group_name = dist_backend_opts.group_id or ""
     options.global_ranks_in_group = list(dist_backend_opts.global_ranks_in_group)
-    store, rank, size = dist_backend_opts.store, dist_backend_opts.group_rank, dist_backend_opts.group_size
+    rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
+    # Keys of an earlier group of this name (a job torchrun restarted) may still be in the store.
+    store = _group_store(dist_backend_opts.store, rank, size, dist_backend_opts.timeout, options.group_name or "unnamed")
     cpu_engine = None
     if options._resolved_cpu_engine() == "gloo":
         cpu_engine = _gloo_engine(store, rank, size, dist_backend_opts.timeout)
