@@ -54,6 +54,22 @@ class BuildWithCMake(build_py):
             subprocess.check_call(["cmake", "--install", str(build_dir), "--prefix", str(Path(self.build_lib) / "cnccl")])
 
 
+def backend_entry_points():
+    """How torch finds the backend without `import cnccl`. torch 2.14 and later read the group
+    torch.distributed.backends when a backend's name is asked for (distributed_c10d.py,
+    Backend._ensure_backend_registered), and a failure there fails that call alone. Older torch has only
+    the device-backend autoload (torch/__init__.py, _import_device_backends), which runs inside every
+    `import torch` and turns any failure into one of `import torch` itself: a half-removed cnccl would
+    break torch for every program, so the autoload is declared only where there is nothing else. The
+    group is found in torch's own entry points (its builtin backends are declared there), read from its
+    metadata: importing torch here would run the autoload of an installed cnccl."""
+    from importlib.metadata import distribution
+
+    if any(ep.group == "torch.distributed.backends" for ep in distribution("torch").entry_points):
+        return {"torch.distributed.backends": ["cnccl = cnccl._registration:register"]}
+    return {"torch.backends": ["cnccl = cnccl._autoload:autoload"]}
+
+
 class BinaryDistribution(Distribution):
     """A wheel for this platform and Python (cnccl._C), not a pure-Python one."""
 
@@ -62,4 +78,5 @@ class BinaryDistribution(Distribution):
 
 
 # setuptools' own build folder, inside CMake's rather than beside it.
-setup(cmdclass={"build_py": BuildWithCMake}, distclass=BinaryDistribution, options={"build": {"build_base": str(REPO / "build" / "setuptools")}})
+setup(cmdclass={"build_py": BuildWithCMake}, distclass=BinaryDistribution, entry_points=backend_entry_points(),
+      options={"build": {"build_base": str(REPO / "build" / "setuptools")}})

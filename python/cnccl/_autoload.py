@@ -1,4 +1,5 @@
-"""Entry point for torch's device-backend autoload (``import torch``, torch >= 2.5).
+"""Entry point for torch's device-backend autoload (``import torch``), declared only for a torch that has no
+lazy backend entry points (before 2.14: setup.py, backend_entry_points).
 
 It runs inside ``import torch``: it must be cheap and must never raise, so a broken install
 warns instead of breaking torch for every program on the machine.

@@ -7,7 +7,24 @@ _lock = threading.Lock()
 _registered = False
 
 
+def _check_torch():
+    """cnccl._C serves the torch minor it was built against; beside another it may fail to load, or load
+    and misbehave. Checked where a group is made, so that registering stays unable to fail."""
+    import torch
+
+    try:
+        from cnccl._built_for import TORCH_VERSION
+    except ImportError as err:
+        raise RuntimeError("cnccl: this install has no build (cnccl/_built_for.py is missing): reinstall cnccl "
+                           "(pip install --no-build-isolation .)") from err
+    built, running = TORCH_VERSION.split(".")[:2], torch.__version__.split("+")[0].split(".")[:2]
+    if built != running:
+        raise RuntimeError(f"cnccl: built for torch {'.'.join(built)}, running with torch {'.'.join(running)}: "
+                           "reinstall cnccl beside this torch (pip install --no-build-isolation .)")
+
+
 def _create(dist_backend_opts, pg_options):
+    _check_torch()
     from cnccl._C import Options, ProcessGroupCNCCL, _group_store
 
     if pg_options is None:

@@ -1,8 +1,10 @@
 """The installed package: registration and autoload, what the build contains, and how CUDA tensors
 behave on a machine without a GPU. Each check runs in a fresh interpreter (import order matters)."""
 
+import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -26,16 +28,68 @@ def test_import_cnccl_before_torch():
     assert rc == 0 and out.strip().endswith("True"), out
 
 
-def test_autoload_registers_without_import_and_stays_cheap():
-    rc, out = python("import sys, torch.distributed as d; "
-                     "print('CNCCL' in d.Backend._plugins, 'cnccl._C' in sys.modules)")
-    assert rc == 0 and out.strip().endswith("True False"), out
+# torch 2.14 and later load a c10d backend's entry point when its name is asked for; older torch only
+# autoloads device backends inside `import torch` (setup.py, backend_entry_points).
+LAZY = any(ep.group == "torch.distributed.backends" for ep in importlib.metadata.distribution("torch").entry_points)
+GROUP = "torch.distributed.backends" if LAZY else "torch.backends"
+
+
+def test_the_install_declares_one_entry_point_for_this_torch():
+    groups = {ep.group: ep.value for ep in importlib.metadata.distribution("cnccl").entry_points}
+    assert groups == {GROUP: "cnccl._registration:register" if LAZY else "cnccl._autoload:autoload"}, groups
+
+
+def test_the_name_works_without_import_and_stays_cheap():
+    # Lazily: nothing at `import torch`, registered when the name is asked for; autoloaded: at import.
+    rc, out = python("import sys, torch.distributed as d; before = 'CNCCL' in d.Backend._plugins; "
+                     "print(before, d.is_backend_available('cnccl'), 'cnccl._C' in sys.modules)")
+    assert rc == 0 and out.strip().endswith(f"{not LAZY} True False"), out
 
 
 def test_autoload_can_be_turned_off():
-    rc, out = python("import torch.distributed as d; print('CNCCL' in d.Backend._plugins)",
-                     env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
-    assert rc == 0 and out.strip().endswith("False"), out
+    # TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns off the autoload; the lazy entry point does not run at import.
+    rc, out = python("import torch.distributed as d; print('CNCCL' in d.Backend._plugins, "
+                     "d.is_backend_available('cnccl'))", env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert rc == 0 and out.strip().endswith(f"False {LAZY}"), out
+
+
+MAKE_GROUP = """
+import torch, torch.distributed as dist
+print("import torch: ok", flush=True)
+try:
+    dist.init_process_group("cnccl", store=dist.HashStore(), rank=0, world_size=1)
+    print("made a group")
+except Exception as e:
+    print("refused:", type(e).__name__, e, "| cause:", repr(e.__cause__))
+"""
+
+
+def test_a_removed_package_whose_metadata_is_left_breaks_neither_import_torch_nor_hides_the_cause():
+    # The package gone, its dist-info left (a half-finished uninstall): importing it fails.
+    rc, out = python("import sys; sys.modules['cnccl'] = None\n" + MAKE_GROUP)
+    if not LAZY:
+        # torch before 2.14 turns the autoload's failure into one of `import torch`: nothing cnccl ships
+        # can prevent that (README: TORCH_DEVICE_BACKEND_AUTOLOAD=0).
+        assert rc != 0 and "Failed to load the backend extension: cnccl" in out, out
+        return
+    assert rc == 0 and "import torch: ok" in out, out
+    assert "refused:" in out and "cnccl" in out and "ModuleNotFoundError" in out, out
+
+
+def test_a_package_built_for_another_torch_refuses_to_make_a_group_naming_both(tmp_path):
+    # The Python sources of a build for another torch minor, without the extension that build would load.
+    package = tmp_path / "cnccl"
+    package.mkdir()
+    for name in os.listdir(CNCCL_DIR):
+        if name.endswith(".py") and name != "_built_for.py":
+            shutil.copy(os.path.join(CNCCL_DIR, name), package / name)
+    major, minor = torch.__version__.split(".")[:2]
+    other = f"{major}.{int(minor) - 1}.0"
+    (package / "_built_for.py").write_text(f'TORCH_VERSION = "{other}"\n')
+    rc, out = python(MAKE_GROUP, env={"PYTHONPATH": str(tmp_path)})
+    assert rc == 0 and "import torch: ok" in out, out
+    assert f"refused: RuntimeError cnccl: built for torch {major}.{int(minor) - 1}, running with torch " \
+           f"{major}.{minor}" in out, out
 
 
 def test_a_second_registration_of_the_name_is_refused():
