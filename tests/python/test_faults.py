@@ -59,6 +59,7 @@ def run(world_size, victim, engine, op, when, hook=None, untouched=False, collec
     assert sysv_segments_created_by({p.pid for p in procs}) == [], "SysV segments left behind"
     assert codes[victim] == -9, f"the victim should have died of SIGKILL, exit codes {codes}"
     failed_in = []  # the collective each survivor's error names
+    states = []  # each survivor's tensor after the failure: unmodified or partial
     for rank in range(world_size):
         if rank == victim:
             continue
@@ -75,12 +76,14 @@ def run(world_size, victim, engine, op, when, hook=None, untouched=False, collec
             assert f"[peer rank {victim}]" in result["error"], result
         assert result.get("failed_tensor", "unmodified") in (("unmodified", "partial") if may_be_partial else
                                                               ("unmodified",)), result
+        states.append(result.get("failed_tensor", "unmodified"))
         assert result["seconds_to_error"] < DETECTION_SECONDS, result
         assert result["destroy_seconds"] < 15, result
         assert result["segments_mapped"] == [], result
     # The kill lands inside that collective: some survivor fails in it (another may have had all it
     # needed from the victim, and fail in the next one).
     assert collective is None or f"cnccl: {collective}" in failed_in, failed_in
+    return states
 
 
 @pytest.mark.parametrize("engine", ["shm", "ucx"])
@@ -96,7 +99,11 @@ def test_sigkilled_between_collectives(world_size, victim, engine):
 @pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 0), (4, 2)])
 @pytest.mark.parametrize("engine,hook", [("shm", (SHM_STEP, 38)), ("ucx", (LARGE_SEND, 5))])
 def test_sigkilled_during_an_allreduce(world_size, victim, engine, hook):
-    run(world_size, victim, engine, "allreduce", "during", hook)
+    states = run(world_size, victim, engine, "allreduce", "during", hook)
+    if engine == "shm":
+        # The positive control of the untouched case below: without the option this kill point leaves a
+        # survivor's tensor partly written, so that case's "unmodified" is the option's doing.
+        assert "partial" in states, states
 
 
 # The same through shared memory with the tensor kept as it was until the last chunk is in.
@@ -130,8 +137,13 @@ def test_sigkilled_during_an_allreduce_in_frames(world_size, victim, engine, hoo
 @pytest.mark.parametrize("world_size,victim,engine,hook", [(4, 2, "shm", (SHM_STEP, 6)),
                                                            (2, 1, "ucx", (LARGE_SEND, 4)),
                                                            (4, 2, "ucx", (LARGE_SEND, 5))])
-def test_sigkilled_during_an_allreduce_in_frames_that_leaves_its_tensor_untouched(world_size, victim, engine, hook):
-    run(world_size, victim, engine, "pow2", "during", hook, untouched=True, collective="allreduce")
+@pytest.mark.parametrize("untouched", [True, False], ids=["untouched", "control"])
+def test_sigkilled_during_an_allreduce_in_frames_that_leaves_its_tensor_untouched(world_size, victim, engine, hook,
+                                                                                  untouched):
+    states = run(world_size, victim, engine, "pow2", "during", hook, untouched=untouched, collective="allreduce")
+    if not untouched:
+        # The positive control: without the option the same kill leaves a survivor's tensor partly written.
+        assert "partial" in states, states
 
 
 # On a shared-memory group with UCX's default transports, the collectives that go over UCX; the
