@@ -8,6 +8,7 @@
 #include "backend/composed/issued_path.h"
 #include "backend/cuda/nccl_engine.h"
 #include "backend/group_store.h"
+#include "backend/peer_processes.h"
 #include "backend/host/host_path.h"
 #include "backend/work.h"
 
@@ -41,7 +42,10 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
     auto composition = std::make_unique<composed::Composition>(std::move(gloo), composed::make_cpu_device(), config_,
                                                                /*stats=*/nullptr, rank, size);
     auto composed = c10::make_intrusive<composed::ComposedPath>(rank, size, std::move(composition));
-    cpu_ = c10::make_intrusive<composed::IssuedPath>(composed, cpu_engine, name, config_, options_->timeout, stats_);
+    // gloo names a failed connection, not a rank: a rank of this host whose process exited is named instead.
+    auto peers = std::make_shared<std::map<int, Liveness>>(same_host_peers(*store_, rank, size));
+    cpu_ = c10::make_intrusive<composed::IssuedPath>(composed, cpu_engine, name, config_, options_->timeout, stats_,
+                                                     [peers](int peer) { return exited(*peers, peer); });
   } else {
     TORCH_CHECK_VALUE(!cpu_engine, "cnccl: a CPU engine was passed, but cpu_engine is ucx");
     auto host = c10::make_intrusive<host::HostPath>(store_, rank, size, name, config_, options_->timeout, stats_);

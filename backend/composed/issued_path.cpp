@@ -7,10 +7,11 @@ namespace cnccl::composed {
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
 IssuedPath::IssuedPath(c10::intrusive_ptr<ComposedPath> composed, c10::intrusive_ptr<c10d::Backend> engine,
-                       std::string group_name, const Config& config, std::chrono::milliseconds timeout, Stats& stats)
+                       std::string group_name, const Config& config, std::chrono::milliseconds timeout, Stats& stats,
+                       std::function<std::string(int)> peer_exited)
     : c10d::Backend(composed->getRank(), composed->getSize()),
       composed_(composed),
-      issuer_(std::move(engine), std::move(group_name)),
+      issuer_(std::move(engine), std::move(group_name), std::move(peer_exited)),
       config_(config),
       timeout_(timeout),
       stats_(stats) {}

@@ -18,9 +18,11 @@ namespace cnccl::composed {
 
 class IssuedPath final : public c10d::Backend {
  public:
-  // `engine`: the gloo that `composed` runs over, which the Issuer agrees signatures on.
+  // `engine`: the gloo that `composed` runs over, which the Issuer agrees signatures on; `peer_exited`:
+  // the Issuer's (issuer.h).
   IssuedPath(c10::intrusive_ptr<ComposedPath> composed, c10::intrusive_ptr<c10d::Backend> engine,
-             std::string group_name, const Config& config, std::chrono::milliseconds timeout, Stats& stats);
+             std::string group_name, const Config& config, std::chrono::milliseconds timeout, Stats& stats,
+             std::function<std::string(int)> peer_exited = {});
 
   ~IssuedPath() override;
 

@@ -59,6 +59,7 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
   c10::intrusive_ptr<c10d::Backend> engine;
   int rank = 0;  // the engine's, kept: close() releases the engine while submit() still names it
   std::string group;
+  std::function<std::string(int)> peer_exited;
   std::mutex mutex;
   std::condition_variable cv;
   std::deque<std::shared_ptr<Job>> queue;
@@ -219,12 +220,18 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
       auto work = engine->allgather(all, in, opts);
       if (work) wait_unless_settled(*work, *job);
     } catch (...) {
-      // gloo's allgather is a ring: this rank waits on the one before it. A peer that died fails it at
-      // once (its connection resets), long before the timeout: say which of the two it was.
-      const int left = (rank + size - 1) % size;
+      // gloo's allgather is a ring: this rank waits on the one before it, unless a peer on this host is
+      // known gone (gloo's error names a connection, not a rank). A peer that died fails it at once (its
+      // connection resets), long before the timeout: say which of the two it was.
+      int peer = (rank + size - 1) % size;
+      std::string gone;
+      for (int r = 0; r < size && gone.empty() && peer_exited; ++r) {
+        if (r != rank && !(gone = peer_exited(r)).empty()) peer = r;
+      }
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
       const bool timed_out = waited >= job->timeout;
-      throw backend_error(job->what + " [peer rank " + std::to_string(left) + "]: " +
+      throw backend_error(job->what + " [peer rank " + std::to_string(peer) + "]: " +
+                          (gone.empty() ? "" : "rank " + std::to_string(peer) + ": " + gone + "; ") +
                           (timed_out ? "timed out after " : "failed after ") + std::to_string(waited.count()) +
                           " ms (the group's timeout is " + std::to_string(job->timeout.count()) + " ms) waiting for " +
                           "every rank to reach this collective (gloo: " + message_of(std::current_exception()) + ")");
@@ -316,8 +323,11 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
   }
 };
 
-Issuer::Issuer(c10::intrusive_ptr<c10d::Backend> engine, std::string group_name) : state_(std::make_shared<State>()) {
+Issuer::Issuer(c10::intrusive_ptr<c10d::Backend> engine, std::string group_name,
+               std::function<std::string(int)> peer_exited)
+    : state_(std::make_shared<State>()) {
   state_->rank = engine->getRank();
+  state_->peer_exited = std::move(peer_exited);
   state_->engine = std::move(engine);
   state_->group = std::move(group_name);
   // The state's last reference may go with this thread (a group closed from its own job), and with

@@ -18,7 +18,10 @@ namespace cnccl::composed {
 
 class Issuer {
  public:
-  Issuer(c10::intrusive_ptr<c10d::Backend> engine, std::string group_name);
+  // `peer_exited(r)`: why rank r is known gone ("its process (pid N) exited"), or empty: a failed
+  // agreement names that peer rather than the ring's neighbour, which may be alive.
+  Issuer(c10::intrusive_ptr<c10d::Backend> engine, std::string group_name,
+         std::function<std::string(int)> peer_exited = {});
   ~Issuer();
   Issuer(const Issuer&) = delete;
   Issuer& operator=(const Issuer&) = delete;

@@ -14,6 +14,7 @@
 #include "backend/host/shm/shm_algorithms.h"
 #include "backend/host/shm/shm_comm.h"
 #include "backend/host/transport/comm.h"
+#include "backend/peer_processes.h"
 #if CNCCL_WITH_UCX
 #include "backend/host/transport/ucx_transport.h"
 #endif
@@ -53,23 +54,6 @@ std::unique_ptr<Transport> make_ucx_transport(const c10::intrusive_ptr<c10d::Sto
 #endif
 }
 
-// Group ranks on this host (the same host_identity()), each with a pidfd taken now. Collective:
-// every rank publishes its identity and pid.
-std::map<int, Liveness> same_host_peers(c10d::Store& store, int rank, int size) {
-  const std::string mine = host_identity() + "\n" + std::to_string(::getpid());
-  store.set("cnccl/process/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
-  std::map<int, Liveness> peers;
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    const std::vector<uint8_t> bytes = store.get("cnccl/process/" + std::to_string(peer));
-    const std::string theirs(bytes.begin(), bytes.end());
-    const size_t newline = theirs.rfind('\n');
-    if (theirs.substr(0, newline) != mine.substr(0, mine.rfind('\n'))) continue;
-    peers.emplace(peer, Liveness(std::stoi(theirs.substr(newline + 1))));
-  }
-  return peers;
-}
-
 }  // namespace
 
 HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::string group_name,
@@ -78,11 +62,7 @@ HostPath::HostPath(const c10::intrusive_ptr<c10d::Store>& store, int rank, int s
   comm_ = std::make_unique<Comm>(make_ucx_transport(store, rank, size), group_name);
   if (size > 1) {
     host_peers_ = same_host_peers(*store, rank, size);
-    comm_->watch_peers([this](int peer) -> std::string {
-      const auto it = host_peers_.find(peer);
-      if (it == host_peers_.end() || it->second.alive()) return {};
-      return "its process (pid " + std::to_string(it->second.pid()) + ") exited";
-    });
+    comm_->watch_peers([this](int peer) { return exited(host_peers_, peer); });
   }
   if (size > 1) {
     shm_ = ShmComm::connect(*store, rank, size, group_name, config.shm != ShmMode::kOff, &no_shm_because_);
@@ -180,6 +160,7 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
   const bool here = runs_on_caller_thread(call.async_op);
   std::function<void()> job = [this, work, seq, call = std::move(call), steps = std::move(steps)] {
     const bool posts = broken_.empty();  // a broken group fails the call before any message
+    const auto began = std::chrono::steady_clock::now();
     if (!Executor::on_own_thread(executor_id_)) stats_.caller_thread_collectives += 1;
     const CastCensus census(&stats_, config_.telemetry);  // one for the call: a coalesced one is many steps
     try {
@@ -217,7 +198,10 @@ c10::intrusive_ptr<c10d::Work> HostPath::submit(Call call, std::vector<Step> ste
       for (const Step& s : steps) {
         if (s.wrote_results && *s.wrote_results) left = kPartialResults;
       }
-      auto error = std::make_exception_ptr(errors::backend_error(what + " (" + left + ")"));
+      // How long it waited, truthfully: a dead peer is seen at once, long before the timeout.
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began);
+      auto error = std::make_exception_ptr(
+          errors::backend_error(what + " (after " + std::to_string(ms.count()) + " ms in the call; " + left + ")"));
       executor_->defer([work, error] { work->fail(error); });
     }
   };

@@ -27,13 +27,6 @@ std::string link_of(const char* path) {
 
 }  // namespace
 
-std::string host_identity() {
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string boot_id;
-  std::getline(boot, boot_id);
-  return boot_id + " " + link_of("/proc/self/ns/ipc") + " " + link_of("/proc/self/ns/pid") + " " +
-         link_of("/proc/self/ns/mnt") + " uid " + std::to_string(::getuid());
-}
 
 // What a segment must carry before it is announced: its size fixed, and no write through any
 // mapping or descriptor made after the owner's own (docs/design.md, "Shared memory": the trust model).
@@ -98,31 +91,6 @@ Segment::~Segment() {
 void Segment::close_fd() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
-}
-
-Liveness::Liveness(int pid) : pid_(pid) {
-#ifdef SYS_pidfd_open
-  pidfd_ = int(::syscall(SYS_pidfd_open, pid, 0));
-#endif
-}
-
-Liveness::Liveness(Liveness&& other) noexcept { *this = std::move(other); }
-
-Liveness& Liveness::operator=(Liveness&& other) noexcept {
-  std::swap(pid_, other.pid_);
-  std::swap(pidfd_, other.pidfd_);
-  return *this;
-}
-
-Liveness::~Liveness() {
-  if (pidfd_ >= 0) ::close(pidfd_);
-}
-
-bool Liveness::alive() const {
-  if (pidfd_ < 0) return pid_ < 0 || ::kill(pid_, 0) == 0 || errno == EPERM;
-  // A pidfd becomes readable when its process exits.
-  pollfd p{pidfd_, POLLIN, 0};
-  return ::poll(&p, 1, 0) == 0;
 }
 
 }  // namespace cnccl::host

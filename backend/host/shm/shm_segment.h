@@ -10,13 +10,10 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/peer_processes.h"
+
 namespace cnccl::host {
 
-// What ranks must share to map each other's segments: the kernel instance (boot id), the IPC,
-// PID and mount namespaces (the /proc path names a pid of ours), and the user.
-std::string host_identity();
-
-class Liveness;
 
 class Segment {
  public:
@@ -48,20 +45,5 @@ class Segment {
   int fd_ = -1;
 };
 
-// Whether a peer process is still alive, cheaply enough to ask in a wait loop.
-class Liveness {
- public:
-  Liveness() = default;
-  explicit Liveness(int pid);
-  Liveness(Liveness&& other) noexcept;
-  Liveness& operator=(Liveness&& other) noexcept;
-  ~Liveness();
-  bool alive() const;
-  int pid() const { return pid_; }
-
- private:
-  int pid_ = -1;
-  int pidfd_ = -1;  // -1 where the kernel has no pidfd_open: kill(pid, 0) instead
-};
 
 }  // namespace cnccl::host
