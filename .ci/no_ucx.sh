@@ -16,4 +16,12 @@ cmake --build "$dir" -j "$(nproc)" --target cnccl_python test_composition test_t
 "$dir/tests/cpp/test_composition" --gtest_brief=1
 "$dir/tests/cpp/test_threads" --gtest_brief=1
 cd tests/python
-PYTHONPATH="$dir/package" "$PY" -m pytest -q -rs -p no:cacheprovider test_package.py -k "not wheel"
+# The opposite of CI's main build: here the host path must be missing, and the test of a build without it
+# must run, not skip.
+out=$(env -u CNCCL_REQUIRE_HOST_PATH -u CNCCL_KNOWN_SKIPS_ONLY PYTHONPATH="$dir/package" \
+  "$PY" -m pytest -q -rs -p no:cacheprovider test_package.py -k "not wheel" 2>&1) || { echo "$out"; exit 1; }
+echo "$out"
+if grep -q "SKIPPED.*checks a build without UCX" <<<"$out"; then
+  echo "no_ucx: the test of a build without UCX skipped in the build without UCX"
+  exit 1
+fi

@@ -1,5 +1,7 @@
 import os
+import re
 import sys
+from collections import Counter
 
 import pytest
 
@@ -40,10 +42,24 @@ def four_nodes():
     yield from simulated_hosts(4)
 
 
+# Why a test may skip where CI runs it (CNCCL_KNOWN_SKIPS_ONLY=1): a skip for any other reason fails the
+# run, so that a new one cannot hide among these. (pattern of the reason, why that skip is expected)
+KNOWN_SKIPS = [
+    (r"no CUDA GPU|torch is a CPU-only build|needs a CUDA GPU", "no GPU where CI runs"),
+    (r"^needs at least \d+ ranks$", "a case for more ranks than its job has"),
+    (r"^gloo's point-to-point is gloo's own$|^UCX tags carry the sequence over UCX alone",
+     "a case for one engine or world size alone"),
+    (r"^checks a build without UCX", "the no-UCX build's own test (.ci/no_ucx.sh runs it)"),
+]
+
+
 def pytest_collection_modifyitems(config, items):
-    # A build without UCX has no host path: what runs on it, or a module marked needs_host_path, skips.
+    # A build without UCX has no host path: what runs on it, or a module marked needs_host_path, skips,
+    # unless the run requires the host path (CI's main build), where that build fails the run at once.
     if harness.host_path_built():
         return
+    if os.environ.get("CNCCL_REQUIRE_HOST_PATH") == "1":
+        raise pytest.UsageError(f"CNCCL_REQUIRE_HOST_PATH=1 but {harness.NO_HOST_PATH}")
     for item in items:
         engine = getattr(getattr(item, "callspec", None), "params", {}).get("engine")
         if engine in ("shm", "ucx") or item.get_closest_marker("needs_host_path"):
@@ -62,7 +78,34 @@ def pytest_collection_finish(session):
                    if getattr(item, "module", None) is not None and not item.get_closest_marker("skip"))
 
 
+def skip_reason(report):
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+
+
+def unknown_skips(reports):
+    return Counter(r for r in map(skip_reason, reports) if not any(re.search(p, r) for p, _ in KNOWN_SKIPS))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or os.environ.get("CNCCL_KNOWN_SKIPS_ONLY") != "1":
+        return
+    if unknown_skips(reporter.stats.get("skipped", [])) and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter):
+    skipped = terminalreporter.stats.get("skipped", [])
+    if skipped:
+        write = terminalreporter.write_line
+        write("skips by reason:")
+        for reason, n in Counter(map(skip_reason, skipped)).most_common():
+            write(f"  {n:4d}  {reason}")
+        unknown = unknown_skips(skipped)
+        if unknown and os.environ.get("CNCCL_KNOWN_SKIPS_ONLY") == "1":
+            write(f"CNCCL_KNOWN_SKIPS_ONLY=1: {sum(unknown.values())} skips for reasons not in conftest.py's "
+                  f"KNOWN_SKIPS fail the run: {sorted(unknown)}", red=True)
     if not harness.LAUNCHES:
         return
     write = terminalreporter.write_line

@@ -540,7 +540,7 @@ TEST(Shm, AbortWakesAWaitingRank) {
 TEST(Shm, OneRankWithSharedMemoryOffTurnsItOffForAll) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> why(3);
-  std::vector<bool> connected(3);
+  std::vector<char> connected(3);  // not vector<bool>: its elements share words, which threads would race on
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
