@@ -2,7 +2,8 @@
 joined by a veth pair, each host in an IPC namespace of its own, tests/python/hosts.py), the link shaped with
 `tc ... tbf rate R`, 1 and 2 ranks a host. Every wire of cnccl beside gloo fp32 and gloo running
 `fp16_compress_hook`'s math (cast to fp16 and divide, allreduce on gloo, copy back), interleaved
-trial after trial, medians. Ratios are gloo fp32's time over each variant's.
+trial after trial, medians (the min and the spread over trials beside them). Ratios are gloo fp32's time
+over each variant's.
 
 The link's bound for a variant is the bytes it put through the link (rank 0's host's veth counters,
 the larger direction, headers included) over the rate; `fill` is that bound over the variant's time
@@ -112,7 +113,8 @@ def worker(sizes, trials, wires, out):
     dev = os.environ["CNCCL_BENCH_LINK_DEV"]
     rows = []
     for nbytes in sizes:
-        x = torch.randn(nbytes // 4)
+        src = torch.randn(nbytes // 4)
+        x = src.clone()
         reps = max(1, (8 << 20) // nbytes)
         times = {name: [] for name in groups}
         crossed = {name: [0, 0] for name in groups}
@@ -126,15 +128,19 @@ def worker(sizes, trials, wires, out):
                 before = link_bytes(dev)
                 dist.barrier(group=dist.group.WORLD)
                 stats = cnccl.stats(group) if name in phases else None
-                t0, c0 = time.perf_counter(), time.process_time()
+                elapsed = used = 0.0
                 for _ in range(reps):
+                    # Each call sums the same input (summed in place, fp16 would overflow a few calls on),
+                    # restored outside the time.
+                    x.copy_(src)
+                    t0, c0 = time.perf_counter(), time.process_time()
                     if name == HOOK:
                         wire = x.to(torch.float16).div_(world)
                         dist.all_reduce(wire)
                         x.copy_(wire)
                     else:
                         dist.all_reduce(x, group=group)
-                elapsed, used = time.perf_counter() - t0, time.process_time() - c0
+                    elapsed, used = elapsed + time.perf_counter() - t0, used + time.process_time() - c0
                 dist.barrier(group=dist.group.WORLD)
                 after = link_bytes(dev)
                 if trial > 0:
@@ -147,8 +153,10 @@ def worker(sizes, trials, wires, out):
                         now = cnccl.stats(group)
                         for p in PHASES:
                             phases[name][p] += (now[p + "_ns"] - stats[p + "_ns"]) / 1e9 / (reps * trials)
-                x.normal_()
+                src.normal_()
         rows.append({"bytes": nbytes, "seconds": {n: statistics.median(t) for n, t in times.items()},
+                     "seconds_min": {n: min(t) for n, t in times.items()},
+                     "spread": {n: (max(t) - min(t)) / statistics.median(t) for n, t in times.items()},
                      "link_bytes": crossed, "link_payload": carried, "phases_s": phases,
                      "cpu_s": cpu, "ranks": world, "cores": os.cpu_count()})
     if rank == 0:
@@ -229,6 +237,10 @@ def table(hosts, per_host, gbit, rows, trials, transport):
         cells = " ".join(f"{row['seconds'][n] * 1e3:7.1f} {row['ratio'][n]:5.2f}x {row['fill'][n]:4.2f}"
                          for n in variants)
         lines.append(f"{label(row['bytes']):>5} {cells}")
+    lines.append("min over trials, ms, and the spread (max - min) / median")
+    for row in rows:
+        lines.append(f"{label(row['bytes']):>5} " + " ".join(
+            f"{row['seconds_min'][n] * 1e3:12.1f} {row['spread'][n]:6.1%}" for n in variants))
     lines.append("the scale model's time, ms (bench/scale_model.py: the schedule's bytes at the rate and the cores' "
                  "bound below, overlapped as it pipelines)")
     for row in rows:
@@ -255,12 +267,13 @@ def goals(results):
     for hosts, per_host, gbit, size, wire, target in GOALS:
         rows = results.get(f"{hosts}x{per_host}x{gbit:g}")
         row = next((r for r in rows or [] if r["bytes"] == size), None)
-        if row is None or wire not in row["ratio"] or (isinstance(target, str) and target not in row["ratio"]):
-            continue
         what = f"{hosts} hosts x {per_host}, {gbit:g} Gbit/s, {label(size)}, cnccl {wire} vs gloo fp32"
-        need = row["ratio"][target] if isinstance(target, str) else target
         if isinstance(target, str):
             what += f" (at least flat {target}'s)"
+        if row is None or wire not in row["ratio"] or (isinstance(target, str) and target not in row["ratio"]):
+            out.append((what, None, target, None, None, None, None, None, None))  # its configuration did not run
+            continue
+        need = row["ratio"][target] if isinstance(target, str) else target
         out.append((what, row["ratio"][wire], need, row["fill"][wire], row["ratio"][wire] >= need,
                     row["seconds"][wire], row["model_s"][wire], row["bound_s"][wire], row["cores_s"][wire]))
     return out
@@ -284,6 +297,9 @@ def readme_section(data):
     lines += ["| goal | measured | target | fill | ms: measured / model / link / cores | |",
               "|---|---|---|---|---|---|"]
     for name, value, target, fill, met, t, model, link_s, cores_s in goals(res):
+        if value is None:
+            lines.append(f"| {cell(name)} | | {target} | | | not run |")
+            continue
         lines.append(f"| {cell(name)} | {value:.2f}x | >= {target:.2f}x | {fill:.2f} | {t * 1e3:.0f} / {model * 1e3:.0f} / "
                      f"{link_s * 1e3:.0f} / {cores_s * 1e3:.0f} | {'met' if met else 'not met'} |")
     misses, cells = model_misses(res)
@@ -378,6 +394,9 @@ def main():
             nodes.close()
     data = {"machine": machine(), "trials": args.trials, "results": results}
     for name, value, target, fill, met, t, model, link_s, cores_s in goals(results):
+        if value is None:
+            print(f"{name}: not run (its configuration was not in this run's --hosts/--rates/--sizes/--wires)")
+            continue
         print(f"{name}: {value:.2f}x (goal >= {target:.2f}x, fill {fill:.2f}; ms: {t * 1e3:.1f}, "
               f"model {model * 1e3:.1f}, "
               f"link {link_s * 1e3:.1f}, cores {cores_s * 1e3:.1f}): {'met' if met else 'NOT MET'}")

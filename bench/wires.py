@@ -1,7 +1,7 @@
 """Every compressed wire's allreduce on one host beside cnccl's fp16 wire: what a user pays for the
 numerics of power-of-two frames, fp8 and MX on CPU ranks (the wire's speed = fp16's time over the
 wire's), with each wire's phases from `cnccl.stats()` and the transport it took. Interleaved trials,
-medians; the goals are printed met or not met. Each rank is pinned to a core of its own.
+medians, with the min and the spread over trials; the goals are printed met or not met. Each rank is pinned to a core of its own.
 
 Usage: python3 bench/wires.py [--ranks 2] [--sizes 1M,16M,64M] [--trials 7] [--json FILE]
 """
@@ -39,7 +39,8 @@ def worker(rank, world, port, sizes, trials, out):
     groups = {w: dist.new_group(backend="cnccl", pg_options=cnccl.Options(**o)) for w, o in WIRES.items()}
     rows = []
     for nbytes in sizes:
-        x = torch.randn(nbytes // 4)
+        src = torch.randn(nbytes // 4)
+        x = src.clone()
         times = {w: [] for w in groups}
         phases = {w: dict.fromkeys(PHASES, 0.0) for w in groups}
         reps = max(1, min(50, (64 << 20) // nbytes))
@@ -47,16 +48,23 @@ def worker(rank, world, port, sizes, trials, out):
             for w, g in groups.items():
                 dist.barrier(group=g)
                 before = cnccl.stats(g)
-                t0 = time.perf_counter()
+                elapsed = 0.0
                 for _ in range(reps):
+                    # Each call sums the same input (summed in place, fp16 overflows a few calls on),
+                    # restored outside the time.
+                    x.copy_(src)
+                    t0 = time.perf_counter()
                     dist.all_reduce(x, group=g)
+                    elapsed += time.perf_counter() - t0
                 if trial > 0:
-                    times[w].append((time.perf_counter() - t0) / reps)
+                    times[w].append(elapsed / reps)
                     after = cnccl.stats(g)
                     for p in PHASES:
                         phases[w][p] += (after[p + "_ns"] - before[p + "_ns"]) / (reps * trials)
-                x.normal_()
+                src.normal_()
         rows.append({"bytes": nbytes, "seconds": {w: statistics.median(t) for w, t in times.items()},
+                     "seconds_min": {w: min(t) for w, t in times.items()},
+                     "spread": {w: (max(t) - min(t)) / statistics.median(t) for w, t in times.items()},
                      "phases_ns": phases, "transport": {w: cnccl.config(g)["cpu_transport"] for w, g in groups.items()}})
     if rank == 0:
         out.put(rows)
@@ -75,6 +83,10 @@ def report(world, rows, trials):
         s = speeds(row)
         lines.append(f"{label(row['bytes']):>6} " +
                      " ".join(f"{row['seconds'][w] * 1e3:8.2f} ({s[w]:4.2f}x)" for w in WIRES))
+    lines.append("min over trials, ms, and the spread (max - min) / median")
+    for row in rows:
+        lines.append(f"{label(row['bytes']):>6} " +
+                     " ".join(f"{row['seconds_min'][w] * 1e3:9.2f} {row['spread'][w]:7.1%}" for w in WIRES))
     lines.append(f"\ntransport: " + ", ".join(f"{w} {t}" for w, t in rows[-1]["transport"].items()))
     lines.append("\nrank 0's phases per call, ms (cnccl.stats)")
     lines.append(f"{'size':>6} {'wire':>10} " + " ".join(f"{p:>9}" for p in PHASES) + f" {'wall':>9}")
