@@ -15,6 +15,7 @@ import datetime
 import json
 import multiprocessing as mp
 import os
+import queue
 import socket
 import sys
 import time
@@ -131,7 +132,7 @@ def run(engine, collectives, world, timeout_s):
             try:
                 rank, samples = out.get(timeout=min(left, 1.0))
                 results[rank] = samples
-            except Exception:  # queue.Empty: look at the ranks again
+            except queue.Empty:  # look at the ranks again
                 continue
     finally:
         for p in procs:
