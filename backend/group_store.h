@@ -9,15 +9,12 @@
 
 namespace cnccl {
 
-// The group's keys under a prefix that only the ranks making this group share.
+// The group's keys under a prefix that only the ranks making this group share; its type marks a store
+// already made so (group_store returns one as it is).
 class GroupStore : public c10d::PrefixStore {
  public:
   GroupStore(const std::string& token, c10::intrusive_ptr<c10d::Store> store)
-      : c10d::PrefixStore("cnccl/" + token, std::move(store)), token_(token) {}
-  const std::string& token() const { return token_; }
-
- private:
-  std::string token_;
+      : c10d::PrefixStore("cnccl/" + token, std::move(store)) {}
 };
 
 // Collective over `store`'s ranks: each draws a token, and the ranks agree on the tokens they all drew,
