@@ -14,6 +14,9 @@ which="${1:-all}"
 # UCX's malloc/mmap hooks fight the sanitizers' own interceptors.
 export UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no
 status=0
+# -O1 and line tables only: the reports keep their file:line stacks, and a cold build compiles in well
+# under half the time of RelWithDebInfo's -O2 -g (test_composition.cpp under ASan+UBSan: 29 s, not 67 s).
+SANITIZE_OPT="-O1 -g1 -DNDEBUG"
 
 # Excluded test binaries: "name: reason", one per line.
 ASAN_EXCLUDED=""
@@ -29,7 +32,8 @@ run_config() {  # name sanitizers excluded
   local dir="build-$name"
   echo "=== $name ($sanitizers): build"
   cmake -S . -B "$dir" -DPython3_EXECUTABLE="$(command -v "$PY")" -DCNCCL_SANITIZE="$sanitizers" -DCNCCL_PACKAGE_DIR="$PWD/$dir/package" \
-    -DCNCCL_WITH_CUDA=OFF -DCNCCL_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$dir.configure.log" 2>&1 \
+    -DCNCCL_WITH_CUDA=OFF -DCNCCL_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$SANITIZE_OPT" >"$dir.configure.log" 2>&1 \
     || { cat "$dir.configure.log"; return 1; }
   local all targets=() t
   all=$(cmake --build "$dir" --target help | grep -o '\btest_[a-z0-9_]*' | sort -u)
