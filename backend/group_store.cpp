@@ -45,7 +45,8 @@ std::string list(const std::vector<int>& ranks) {
 }  // namespace
 
 c10::intrusive_ptr<c10d::Store> group_store(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                            std::chrono::milliseconds timeout, const std::string& group_name) {
+                                            std::chrono::milliseconds timeout, const std::string& group_name,
+                                            const std::string& settings) {
   if (dynamic_cast<GroupStore*>(store.get())) return store;
   const std::string token = hex64(draw_token());
   if (size == 1) return c10::make_intrusive<GroupStore>(token, store);
@@ -82,13 +83,15 @@ c10::intrusive_ptr<c10d::Store> group_store(const c10::intrusive_ptr<c10d::Store
            "for this group, or failed before)");
     }
   };
-  store->set(tokens[rank], bytes_of(token));
+  // A token carries its rank's engine settings: once joined, every rank has read the same ones.
+  store->set(tokens[rank], bytes_of(token + "|" + settings));
   std::string posted;
   auto pause = std::chrono::milliseconds(1);
   while (true) {
     wait_for(tokens, "start creating it");
     std::string view;
-    for (const auto& t : store->multiGet(tokens)) view += text_of(t) + "/";
+    const std::vector<std::vector<uint8_t>> drawn = store->multiGet(tokens);
+    for (const auto& t : drawn) view += text_of(t) + "/";
     const std::string hash = hex64(fnv1a(view));
     if (hash != posted) {
       store->set(views[rank], bytes_of(hash));
@@ -100,7 +103,19 @@ c10::intrusive_ptr<c10d::Store> group_store(const c10::intrusive_ptr<c10d::Store
     for (int r = 0; r < size; ++r) {
       if (text_of(seen[r]) != hash) behind.push_back(r);
     }
-    if (behind.empty()) return c10::make_intrusive<GroupStore>(hash, store);
+    if (behind.empty()) {
+      for (int r = 0; r < size; ++r) {
+        const std::string value = text_of(drawn[r]);
+        const size_t bar = value.find('|');
+        const std::string theirs = bar == std::string::npos ? "none (another version of cnccl)" : value.substr(bar + 1);
+        if (theirs != settings) {
+          throw errors::backend_error("cnccl: the ranks of group '" + group_name + "' would build different engines " +
+                                      "(CNCCL_CPU_ENGINE, CNCCL_CUDA_ENGINE / Options): rank " + std::to_string(rank) +
+                                      " has " + settings + "; rank " + std::to_string(r) + " has " + theirs);
+        }
+      }
+      return c10::make_intrusive<GroupStore>(hash, store);
+    }
     if (std::chrono::steady_clock::now() >= deadline) {
       fail("rank(s) " + list(behind) + " to agree on its members: their keys still hold what an earlier group " +
            "of this name left in the store");

@@ -20,8 +20,9 @@ class GroupStore : public c10d::PrefixStore {
 // Collective over `store`'s ranks: each draws a token, and the ranks agree on the tokens they all drew,
 // so that no rank reads a value a process of an earlier group left under the same key. Returns `store`
 // itself when it is already a GroupStore. Throws a DistBackendError naming the ranks not seen to join
-// after `timeout`.
+// after `timeout`, or naming a rank whose `settings` (Config::engine_settings) differ from this one's.
 c10::intrusive_ptr<c10d::Store> group_store(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                            std::chrono::milliseconds timeout, const std::string& group_name);
+                                            std::chrono::milliseconds timeout, const std::string& group_name,
+                                            const std::string& settings = "");
 
 }  // namespace cnccl

@@ -48,6 +48,13 @@ CpuEngine parse_cpu_engine(const std::string& value, const char* source) {
   TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: ucx, gloo");
 }
 
+CudaEngine parse_cuda_engine(const std::string& value, const char* source) {
+  const std::string v = lower(value);
+  if (v == "nccl") return CudaEngine::kNccl;
+  if (v == "gloo") return CudaEngine::kGloo;
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: nccl, gloo");
+}
+
 ShmMode parse_shm(const std::string& value, const char* source) {
   const std::string v = lower(value);
   if (v == "auto") return ShmMode::kAuto;
@@ -152,6 +159,7 @@ Config Options::resolve() const {
   if (auto v = env("CNCCL_SUM_SCALING")) c.sum_scaling = parse_sum_scaling(*v, "CNCCL_SUM_SCALING");
   if (auto v = env("CNCCL_COMPRESS_FP64")) c.compress_fp64 = parse_bool(*v, "CNCCL_COMPRESS_FP64");
   if (auto v = env("CNCCL_CPU_ENGINE")) c.cpu_engine = parse_cpu_engine(*v, "CNCCL_CPU_ENGINE");
+  if (auto v = env("CNCCL_CUDA_ENGINE")) c.cuda_engine = parse_cuda_engine(*v, "CNCCL_CUDA_ENGINE");
   if (auto v = env("CNCCL_SHM")) c.shm = parse_shm(*v, "CNCCL_SHM");
   if (auto v = env("CNCCL_ACCUMULATE")) c.accumulate = parse_accumulate(*v, "CNCCL_ACCUMULATE");
   if (auto v = env("CNCCL_ROUNDING")) c.rounding = parse_rounding(*v, "CNCCL_ROUNDING");
@@ -172,6 +180,7 @@ Config Options::resolve() const {
   if (sum_scaling) c.sum_scaling = parse_sum_scaling(*sum_scaling, "Options.sum_scaling");
   if (compress_fp64) c.compress_fp64 = *compress_fp64;
   if (cpu_engine) c.cpu_engine = parse_cpu_engine(*cpu_engine, "Options.cpu_engine");
+  if (cuda_engine) c.cuda_engine = parse_cuda_engine(*cuda_engine, "Options.cuda_engine");
   if (shm) c.shm = parse_shm(*shm, "Options.shm");
   if (accumulate) c.accumulate = parse_accumulate(*accumulate, "Options.accumulate");
   if (rounding) c.rounding = parse_rounding(*rounding, "Options.rounding");
@@ -229,6 +238,10 @@ std::string Config::bytes_settings() const {
   text += ", scaling=" + std::string(scaling_name());
   if (compress::is_mx(*wire) || per_level()) text += ", mx_scale=" + std::string(compress::mx_scale_name(mx_scale));
   return text + levels;
+}
+
+std::string Config::engine_settings() const {
+  return std::string("cpu_engine=") + cpu_engine_name() + ", cuda_engine=" + cuda_engine_name();
 }
 
 void agree_on_settings(c10d::Store& store, const std::string& key, int rank, int size, const Config& config,

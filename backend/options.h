@@ -17,6 +17,11 @@ enum class SumScaling : uint8_t { kNone, kWorld };
 // What runs CPU tensors' collectives: cnccl's own host path over UCX, or torch's ProcessGroupGloo
 // under the composed path (docs/design.md, "The composed path").
 enum class CpuEngine : uint8_t { kUcx, kGloo };
+// What runs CUDA tensors' collectives under the composed path: torch's ProcessGroupNCCL, or its
+// ProcessGroupGloo, which stages CUDA tensors through host memory, so that several ranks can share one
+// GPU (NCCL refuses two ranks on one device). cnccl's CUDA kernels run on either (docs/design.md,
+// "The composed path").
+enum class CudaEngine : uint8_t { kNccl, kGloo };
 // Whether the host path's ranks on one host use shared memory (docs/design.md, "Shared memory"):
 // when they can (auto), always (on: group creation fails when they cannot), or never (UCX only).
 enum class ShmMode : uint8_t { kAuto, kOn, kOff };
@@ -43,6 +48,7 @@ struct Config {
   SumScaling sum_scaling = SumScaling::kNone;
   bool compress_fp64 = false;
   CpuEngine cpu_engine = CpuEngine::kUcx;
+  CudaEngine cuda_engine = CudaEngine::kNccl;
   ShmMode shm = ShmMode::kAuto;
   Accumulate accumulate = Accumulate::kWire;
   Rounding rounding = Rounding::kNearest;
@@ -67,6 +73,7 @@ struct Config {
   std::string wire_name() const { return wire ? compress::wire_name(*wire) : "none"; }
   std::string wire_across_name() const { return wire_across() ? compress::wire_name(*wire_across()) : "none"; }
   const char* cpu_engine_name() const { return cpu_engine == CpuEngine::kGloo ? "gloo" : "ucx"; }
+  const char* cuda_engine_name() const { return cuda_engine == CudaEngine::kGloo ? "gloo" : "nccl"; }
   const char* shm_name() const { return shm == ShmMode::kOn ? "on" : shm == ShmMode::kOff ? "off" : "auto"; }
   const char* accumulate_name() const { return accumulate == Accumulate::kFp32 ? "fp32" : "wire"; }
   const char* rounding_name() const { return rounding == Rounding::kStochastic ? "sr" : "rne"; }
@@ -76,6 +83,9 @@ struct Config {
   }
   // The settings in effect that change the bytes a collective sends or returns, as text ranks compare.
   std::string bytes_settings() const;
+  // The settings that decide what a group builds at creation (its engines), as text its ranks compare
+  // while they join (group_store): a rank that would build another engine fails there, naming both.
+  std::string engine_settings() const;
 };
 
 // Returns once every rank of the group shows the same bytes_settings() through `store` (one round,
@@ -94,6 +104,7 @@ struct Options : c10d::Backend::Options {
   std::optional<std::string> sum_scaling;  // none | world
   std::optional<bool> compress_fp64;
   std::optional<std::string> cpu_engine;   // ucx | gloo
+  std::optional<std::string> cuda_engine;  // nccl | gloo
   std::optional<std::string> shm;          // auto | on | off
   std::optional<std::string> accumulate;   // wire | fp32
   std::optional<std::string> rounding;     // rne | sr

@@ -19,17 +19,42 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 namespace {
 // Under the group's store, beside cnccl/nccl, where the NCCL engine's ProcessGroupNCCL keeps its keys.
 constexpr const char* kCudaSettingsKey = "cnccl/cuda_settings";
+
+// What torch's ProcessGroupGloo cannot do with CUDA tensors (ProcessGroupGloo.cpp: its CUDA works stage
+// through pinned host memory for allreduce, broadcast, reduce, allgather, gather, scatter and
+// all-to-all; the rest take host pointers or CPU tensors only): refused with cuda_engine=gloo, naming why.
+struct GlooCudaRefusal {
+  const char* op;
+  const char* why;
+};
+constexpr GlooCudaRefusal kGlooCudaRefusals[] = {
+    {"allreduce_coalesced", "gloo's allreduce_coalesced takes CPU tensors only"},
+    {"allgather_coalesced", "gloo's allgather_coalesced has no CUDA staging"},
+    {"allgather_into_tensor_coalesced", "gloo's allgather_into_tensor_coalesced has no CUDA staging"},
+    {"send", "gloo's point-to-point has no CUDA staging"},
+    {"recv", "gloo's point-to-point has no CUDA staging"},
+};
 }  // namespace
 
 ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                      c10::intrusive_ptr<cnccl::Options> options,
                                      c10::intrusive_ptr<c10d::Backend> cpu_engine,
-                                     c10::intrusive_ptr<c10d::Backend> cuda_path)
+                                     c10::intrusive_ptr<c10d::Backend> cuda_path,
+                                     c10::intrusive_ptr<c10d::Backend> cuda_engine)
     : c10d::Backend(rank, size), options_(std::move(options)), cuda_(std::move(cuda_path)) {
   TORCH_CHECK_VALUE(options_, "cnccl: options must not be None");
   config_ = options_->resolve();
   const std::string name = options_->group_name.empty() ? "unnamed" : options_->group_name;
-  store_ = group_store(store, rank, size, options_->timeout, name);
+  store_ = group_store(store, rank, size, options_->timeout, name, config_.engine_settings());
+  if (config_.cuda_engine == CudaEngine::kGloo && cuda_nccl_version() && !cuda_) {
+    TORCH_CHECK_VALUE(cuda_engine && cuda_engine->getBackendName() == "gloo", "cnccl: cuda_engine=gloo needs a "
+                      "torch ProcessGroupGloo for CUDA tensors passed to the constructor (the Python registration "
+                      "builds one)");
+    cuda_gloo_ = std::move(cuda_engine);
+  } else {
+    TORCH_CHECK_VALUE(!cuda_engine, "cnccl: a CUDA engine was passed, but cuda_engine is ", config_.cuda_engine_name(),
+                      cuda_nccl_version() ? "" : " and this build has no CUDA path");
+  }
   if (config_.cpu_engine == CpuEngine::kGloo) {
     TORCH_CHECK_VALUE(!config_.per_level(), "cnccl: inter_host_wire=", config_.wire_across_name(), " differs from ",
                       "wire_dtype=", config_.wire_name(), ", but cpu_engine=gloo: gloo decides how its sums cross hosts, ",
@@ -54,8 +79,9 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
   }
   LOG(INFO) << "cnccl: group '" << name << "' rank " << rank << "/" << size << ": CPU tensors on "
             << (host_ ? "the host path over " + host_->transport() : std::string("the composed path over gloo")) << ", CUDA tensors on "
-            << (cuda_nccl_version() ? "the composed path over NCCL " + std::to_string(cuda_nccl_version())
-                                    : std::string("no path (built without CUDA)"))
+            << (!cuda_nccl_version() ? std::string("no path (built without CUDA)")
+                : cuda_gloo_         ? std::string("the composed path over gloo (staged through host memory)")
+                                     : "the composed path over NCCL " + std::to_string(cuda_nccl_version()))
             << "; wire " << config_.wire_name() << ", min_bytes " << config_.min_bytes;
 }
 
@@ -77,6 +103,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupCNCCL::cuda_created() {
 c10d::Backend& ProcessGroupCNCCL::path_for(const at::Tensor& t, const char* op) {
   if (!(t.defined() && t.is_cuda())) return *cpu_;
   c10d::Backend& cuda = cuda_path(op);
+  if (cuda_gloo_) refuse_what_gloo_cannot(t, op);
   if (window_ && !window_->cuda_started) {
     // Agree before the window opens on the engine: a disagreement thrown after startCoalescing() would
     // leave NCCL's group (ncclGroupStart) open on this thread. Every rank's window starts at the same call.
@@ -85,6 +112,26 @@ c10d::Backend& ProcessGroupCNCCL::path_for(const at::Tensor& t, const char* op) 
     window_->cuda_started = true;
   }
   return cuda;
+}
+
+void ProcessGroupCNCCL::refuse_what_gloo_cannot(const at::Tensor& t, const char* op) {
+  std::string why;
+  for (const auto& refusal : kGlooCudaRefusals) {
+    if (std::string(op) == refusal.op) why = refusal.why;
+  }
+  std::shared_ptr<composed::Device> device;
+  {
+    std::lock_guard<std::mutex> lock(cuda_mutex_);
+    device = cuda_device_;
+  }
+  if (why.empty() && window_) why = "gloo has no coalescing windows (startCoalescing); make the calls one by one";
+  if (why.empty() && device && device->capturing(t)) {
+    why = "gloo's CUDA works synchronize their streams with the host, which a CUDA graph cannot capture";
+  }
+  if (why.empty()) return;
+  // torch's _coalescing_manager never ends a window whose body raised: this one ends here.
+  window_.reset();
+  TORCH_CHECK_VALUE(false, "cnccl ", op, " on CUDA tensors with cuda_engine=gloo: ", why, " (cuda_engine=nccl runs it)");
 }
 
 void ProcessGroupCNCCL::startCoalescing() {
@@ -158,8 +205,13 @@ c10d::Backend& ProcessGroupCNCCL::cuda_path(const char* op) {
   args.group_uid = getGroupUid();
   args.group_desc = getGroupDesc();
   args.bound_device = getBoundDeviceId();
-  composed::Engine engine = cuda::make_nccl_engine(args);
-  auto device = cuda::make_cuda_device(config_.telemetry != Telemetry::kOff);
+  // gloo's CUDA works end in its worker thread, their events recorded only then: the host waits for
+  // them (wait(Work&)) before a stream can be ordered after them.
+  composed::Engine engine = cuda_gloo_ ? composed::Engine{cuda_gloo_, "gloo", /*reduces_avg_and_premul=*/false,
+                                                          /*reduce_keeps_non_root=*/false,
+                                                          /*coalesces_mixed_dtypes=*/false}
+                                       : cuda::make_nccl_engine(args);
+  auto device = cuda::make_cuda_device(config_.telemetry != Telemetry::kOff, /*host_waits=*/bool(cuda_gloo_));
   auto composition = std::make_unique<composed::Composition>(std::move(engine), device, config_, &stats_, rank_, size_);
   cuda_ = c10::make_intrusive<composed::ComposedPath>(rank_, size_, std::move(composition));
   cuda_device_ = std::move(device);

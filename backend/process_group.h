@@ -32,11 +32,14 @@ class ProcessGroupCNCCL : public c10d::Backend {
   // tensors on (torch's wheel ships no gloo headers, so the caller builds it; the Python
   // registration does). Must be null otherwise. `cuda_path`: what CUDA tensors go to instead of
   // the composed path over ProcessGroupNCCL (a test's double); null: that path, made at the first
-  // CUDA call.
+  // CUDA call. `cuda_engine`: with Options.cuda_engine=gloo in a build with the CUDA path, the
+  // ProcessGroupGloo that path runs CUDA tensors on instead of NCCL (built by the caller, as
+  // `cpu_engine`); must be null otherwise.
   ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                     c10::intrusive_ptr<cnccl::Options> options = c10::make_intrusive<cnccl::Options>(),
                     c10::intrusive_ptr<c10d::Backend> cpu_engine = {},
-                    c10::intrusive_ptr<c10d::Backend> cuda_path = {});
+                    c10::intrusive_ptr<c10d::Backend> cuda_path = {},
+                    c10::intrusive_ptr<c10d::Backend> cuda_engine = {});
   // No destructor of its own: each path ends itself as its engine does when the group was not shut
   // down (the host path and the gloo issuer fail what is outstanding; torch's ProcessGroupNCCL
   // aborts its communicators, never waiting for a peer).
@@ -130,8 +133,11 @@ class ProcessGroupCNCCL : public c10d::Backend {
   c10d::Backend& reducing_path_for(const at::Tensor& t, const char* op);
   c10d::Backend& reducing_path_for(const std::vector<at::Tensor>& ts, const char* op);
   void agree_on_cuda_settings();
-  // The composed path over NCCL, created on the first CUDA call; a build without CUDA says so.
+  // The composed path over NCCL (or gloo: cuda_engine), created on the first CUDA call; a build without
+  // CUDA says so.
   c10d::Backend& cuda_path(const char* op);
+  // Throws a ValueError for what cuda_engine=gloo cannot run on CUDA tensor `t` (op, a window, capture).
+  void refuse_what_gloo_cannot(const at::Tensor& t, const char* op);
   c10::intrusive_ptr<c10d::Backend> cuda_created();  // null until the first CUDA operation
   // A point-to-point work, kept for the window's work when a window is open.
   c10::intrusive_ptr<c10d::Work> in_window(c10::intrusive_ptr<c10d::Work> work, const std::vector<at::Tensor>& tensors);
@@ -151,6 +157,7 @@ class ProcessGroupCNCCL : public c10d::Backend {
   host::HostPath* host_ = nullptr;  // cpu_ when it is the host path
   mutable std::mutex cuda_mutex_;
   c10::intrusive_ptr<c10d::Backend> cuda_;
+  c10::intrusive_ptr<c10d::Backend> cuda_gloo_;  // the CUDA path's engine with cuda_engine=gloo
   std::shared_ptr<composed::Device> cuda_device_;  // cuda_'s device, whose kernels count their casts (cuda_mutex_)
   std::mutex agreement_mutex_;  // agree_on_cuda_settings
   bool cuda_agreed_ = false;

@@ -3,12 +3,13 @@
 # stages into .gpu-deps/ (git-ignored; the device call carries it: carry [".gpu-deps"])
 #   wheels/py3.N/   pytest and what it needs, for each Python 3.9-3.14 (whichever the GPU machine has)
 #   wheels/tools/   cmake and ninja (manylinux x86_64), for a machine whose own are missing or too old
-#   root/           Debian's UCX, libnuma and GoogleTest, unpacked, for a machine without them
+#   root/           Debian's GoogleTest, unpacked, for a machine without it (the check builds with the
+#                   machine's own UCX or none)
 # Nothing is built here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .gpu-deps && mkdir -p .gpu-deps/debs .gpu-deps/root .gpu-deps/wheels/tools
-(cd .gpu-deps/debs && apt-get download libucx0 libucx-dev libnuma1 libgtest-dev >/dev/null)
+(cd .gpu-deps/debs && apt-get download libgtest-dev >/dev/null)
 for deb in .gpu-deps/debs/*.deb; do dpkg -x "$deb" .gpu-deps/root; done
 rm -rf .gpu-deps/debs .gpu-deps/root/usr/share
 pip_download() { python3 -m pip download -q --disable-pip-version-check --only-binary=:all: "$@"; }

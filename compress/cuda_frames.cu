@@ -235,7 +235,7 @@ __device__ __forceinline__ void mx_encode_lane(float v, unsigned lane, size_t m,
   // The block's bytes are written below only after every lane read what it needed (sum-encode in place).
   __syncwarp();
   const unsigned a = __float_as_uint(v) & 0x7FFFFFFFu;
-  const unsigned amax = __reduce_max_sync(kFullWarp, a);
+  const unsigned amax = launch::warp_max(a);
   const unsigned nonfinite_lanes = __ballot_sync(kFullWarp, lane < m && a >= fmt::kInfinity);
   const bool nonfinite = nonfinite_lanes != 0;
   const bool e2m1 = w == Wire::kMxfp4;

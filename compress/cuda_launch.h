@@ -25,8 +25,17 @@ inline int blocks_for(size_t work) {
   return static_cast<int>(needed < size_t(max_blocks) ? needed : size_t(max_blocks));
 }
 
+#ifndef CNCCL_CUDA_ARCHS
+#define CNCCL_CUDA_ARCHS "?"
+#endif
+
 inline void check(const char* what) {
   const cudaError_t err = cudaGetLastError();
+  if (err == cudaErrorNoKernelImageForDevice) {
+    throw std::runtime_error(std::string("cnccl ") + what + ": " + cudaGetErrorString(err) + ": this build has " +
+                             "kernels for CUDA architectures " + CNCCL_CUDA_ARCHS + " only; rebuild with the GPU's " +
+                             "(CMake -DCNCCL_CUDA_ARCHS=75-real for a T4, compute capability 7.5, the oldest nvcc 13 builds)");
+  }
   if (err != cudaSuccess) throw std::runtime_error(std::string("cnccl ") + what + ": " + cudaGetErrorString(err));
 }
 
@@ -34,11 +43,30 @@ inline void check(const char* what) {
 // A kernel's scale: the one on the device where it is given (PREMUL_SUM's tensor factor), else `scale`.
 __device__ __forceinline__ float scale_of(float scale, const float* on_device) { return on_device ? *on_device : scale; }
 
+// The sum and the largest of v over the warp's 32 lanes, every lane calling. Integer reductions are exact,
+// so sm_80's one-instruction __reduce_*_sync and older GPUs' shuffles (T4: sm_75) give the same bits.
+__device__ __forceinline__ unsigned warp_sum(unsigned v) {
+#if __CUDA_ARCH__ >= 800
+  return __reduce_add_sync(0xFFFFFFFFu, v);
+#else
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+  return v;
+#endif
+}
+__device__ __forceinline__ unsigned warp_max(unsigned v) {
+#if __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(0xFFFFFFFFu, v);
+#else
+  for (int offset = 16; offset > 0; offset /= 2) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
+  return v;
+#endif
+}
+
 // Adds what the calling warp's lanes counted to `counts` (null: nothing). Every lane of the warp calls it.
 __device__ __forceinline__ void add_counts(CastCounts* counts, unsigned nonfinite, unsigned saturated) {
   if (!counts) return;
-  nonfinite = __reduce_add_sync(0xFFFFFFFFu, nonfinite);
-  saturated = __reduce_add_sync(0xFFFFFFFFu, saturated);
+  nonfinite = warp_sum(nonfinite);
+  saturated = warp_sum(saturated);
   if (threadIdx.x % 32 != 0) return;
   if (nonfinite) atomicAdd(&counts->nonfinite, static_cast<unsigned long long>(nonfinite));
   if (saturated) atomicAdd(&counts->saturated, static_cast<unsigned long long>(saturated));

@@ -68,7 +68,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
 ``new_group``. A field left as None takes its CNCCL_* environment variable, or the default.)")
       .def(py::init([](std::optional<std::string> wire_dtype, std::optional<int64_t> min_bytes,
                        std::optional<std::string> sum_scaling, std::optional<bool> compress_fp64,
-                       std::optional<std::string> cpu_engine, std::optional<std::string> shm,
+                       std::optional<std::string> cpu_engine, std::optional<std::string> cuda_engine,
+                       std::optional<std::string> shm,
                        std::optional<std::string> accumulate, std::optional<std::string> rounding,
                        std::optional<int64_t> sr_seed, std::optional<std::string> scaling,
                        std::optional<bool> untouched_on_failure, std::optional<std::string> telemetry,
@@ -80,6 +81,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
              o->sum_scaling = std::move(sum_scaling);
              o->compress_fp64 = compress_fp64;
              o->cpu_engine = std::move(cpu_engine);
+             o->cuda_engine = std::move(cuda_engine);
              o->shm = std::move(shm);
              o->accumulate = std::move(accumulate);
              o->rounding = std::move(rounding);
@@ -94,7 +96,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
            }),
            py::kw_only(), py::arg("wire_dtype") = py::none(), py::arg("min_bytes") = py::none(),
            py::arg("sum_scaling") = py::none(), py::arg("compress_fp64") = py::none(),
-           py::arg("cpu_engine") = py::none(), py::arg("shm") = py::none(), py::arg("accumulate") = py::none(),
+           py::arg("cpu_engine") = py::none(), py::arg("cuda_engine") = py::none(), py::arg("shm") = py::none(),
+           py::arg("accumulate") = py::none(),
            py::arg("rounding") = py::none(), py::arg("sr_seed") = py::none(), py::arg("scaling") = py::none(),
            py::arg("untouched_on_failure") = py::none(), py::arg("telemetry") = py::none(),
            py::arg("mx_scale") = py::none(), py::arg("inter_host_wire") = py::none(),
@@ -104,6 +107,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
       .def_readwrite("sum_scaling", &cnccl::Options::sum_scaling)
       .def_readwrite("compress_fp64", &cnccl::Options::compress_fp64)
       .def_readwrite("cpu_engine", &cnccl::Options::cpu_engine)
+      .def_readwrite("cuda_engine", &cnccl::Options::cuda_engine)
       .def_readwrite("shm", &cnccl::Options::shm)
       .def_readwrite("accumulate", &cnccl::Options::accumulate)
       .def_readwrite("rounding", &cnccl::Options::rounding)
@@ -115,11 +119,15 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
       .def_readwrite("inter_host_wire", &cnccl::Options::inter_host_wire)
       .def("_resolved_cpu_engine", [](const cnccl::Options& o) { return o.resolve().cpu_engine_name(); },
            "The CPU engine these options select once CNCCL_CPU_ENGINE is applied: 'ucx' or 'gloo'.")
+      .def("_engine_settings", [](const cnccl::Options& o) { return o.resolve().engine_settings(); },
+           "What the group builds at creation, as text its ranks compare while they join (backend/group_store.h).")
+      .def("_resolved_cuda_engine", [](const cnccl::Options& o) { return o.resolve().cuda_engine_name(); },
+           "The CUDA engine these options select once CNCCL_CUDA_ENGINE is applied: 'nccl' or 'gloo'.")
       .def("__repr__", [](const cnccl::Options& o) {
         auto show = [](const auto& v) { return v ? py::str(py::cast(*v)).cast<std::string>() : std::string("None"); };
         return "cnccl.Options(wire_dtype=" + show(o.wire_dtype) + ", min_bytes=" + show(o.min_bytes) +
                ", sum_scaling=" + show(o.sum_scaling) + ", compress_fp64=" + show(o.compress_fp64) +
-               ", cpu_engine=" + show(o.cpu_engine) + ", shm=" + show(o.shm) +
+               ", cpu_engine=" + show(o.cpu_engine) + ", cuda_engine=" + show(o.cuda_engine) + ", shm=" + show(o.shm) +
                ", accumulate=" + show(o.accumulate) + ", rounding=" + show(o.rounding) +
                ", sr_seed=" + show(o.sr_seed) + ", scaling=" + show(o.scaling) +
                ", untouched_on_failure=" + show(o.untouched_on_failure) + ", telemetry=" + show(o.telemetry) +
@@ -129,16 +137,18 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
   // The registration makes the group's store first, so that the gloo engine it builds keeps its keys
   // there too (backend/group_store.h).
   m.def("_group_store", &cnccl::group_store, py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-        py::arg("group_name"), py::call_guard<py::gil_scoped_release>());
+        py::arg("group_name"), py::arg("settings") = "", py::call_guard<py::gil_scoped_release>());
 
   py::class_<cnccl::ProcessGroupCNCCL, c10d::Backend, IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>>(
       m, "ProcessGroupCNCCL")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       c10::intrusive_ptr<cnccl::Options> options, c10::intrusive_ptr<c10d::Backend> cpu_engine) {
+                       c10::intrusive_ptr<cnccl::Options> options, c10::intrusive_ptr<c10d::Backend> cpu_engine,
+                       c10::intrusive_ptr<c10d::Backend> cuda_engine) {
              return IntrusivePtrNoGilDestructor<cnccl::ProcessGroupCNCCL>(c10::make_intrusive<cnccl::ProcessGroupCNCCL>(
-                 store, rank, size, std::move(options), std::move(cpu_engine)));
+                 store, rank, size, std::move(options), std::move(cpu_engine), nullptr, std::move(cuda_engine)));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("options"), py::arg("cpu_engine") = nullptr,
+           py::arg("cuda_engine") = nullptr,
            py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const cnccl::ProcessGroupCNCCL& pg) {
         py::dict d;
@@ -161,6 +171,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
         d["sum_scaling"] = c.sum_scaling == cnccl::SumScaling::kWorld ? "world" : "none";
         d["compress_fp64"] = c.compress_fp64;
         d["cpu_engine"] = c.cpu_engine_name();
+        d["cuda_engine"] = c.cuda_engine_name();
         d["shm"] = c.shm_name();
         d["accumulate"] = c.accumulate_name();
         d["rounding"] = c.rounding_name();

@@ -623,12 +623,13 @@ WorkPtr Composition::finish(c10d::OpType type, const char* name, const Timing& t
   std::vector<WorkPtr> works;
   for (const auto& call : calls) {
     if (!call.work) continue;
-    works.push_back(call.work);
     if (FuturePtr f = future_of(*call.work)) {
+      works.push_back(call.work);
       futures.push_back(std::move(f));
       continue;
     }
-    // Some of gloo's works (reduce_scatter_single in torch 2.15) have no future to chain on.
+    // Some of gloo's works (reduce_scatter_single in torch 2.15, a LambdaWork) have no future to chain on:
+    // waited here, and done; not kept for the work's isCompleted(), which a LambdaWork never reports.
     try {
       call.work->wait();
     } catch (...) {

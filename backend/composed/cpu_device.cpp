@@ -9,7 +9,7 @@
 
 #if CNCCL_WITH_CUDA
 namespace cnccl::cuda {
-std::shared_ptr<composed::Device> make_cuda_device(bool count_casts);  // backend/cuda/cuda_device.cpp
+std::shared_ptr<composed::Device> make_cuda_device(bool count_casts, bool host_waits);  // backend/cuda/cuda_device.cpp
 }
 #endif
 
@@ -113,7 +113,7 @@ std::shared_ptr<Device> make_cpu_device() { return std::make_shared<CpuDevice>()
 
 std::shared_ptr<Device> make_device_for(const c10::Device& device) {
 #if CNCCL_WITH_CUDA
-  if (device.is_cuda()) return cuda::make_cuda_device(false);
+  if (device.is_cuda()) return cuda::make_cuda_device(false, false);
 #endif
   TORCH_CHECK_VALUE(device.is_cpu(), "cnccl: this build has no composed path for tensors on ", device);
   return make_cpu_device();

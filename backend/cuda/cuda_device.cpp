@@ -9,9 +9,11 @@
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 
 #include "backend/cuda/nccl_engine.h"
 #include "backend/frames.h"
@@ -101,10 +103,12 @@ const float* pre_scale_of(const Plan& plan) {
 }
 
 // The frame kernels read rows of whole frames, `stride` bytes apart, with int32 headers and 16-bit values
-// at their natural alignment (a misaligned access would end the CUDA context).
+// at their natural alignment (a misaligned access would end the CUDA context). An MX frame of no values
+// has no bytes (an empty CUDA tensor's call with min_bytes=0), and any stride.
 void check_frames(const at::Tensor& frames, int64_t count, const Plan& plan) {
   TORCH_CHECK(frames.is_cuda() && frames.scalar_type() == at::kByte && frames.dim() == 2 && frames.stride(1) == 1 &&
-                  frames.size(1) == frames::frame_bytes(count, plan.wire) && frames.stride(0) % 4 == 0 &&
+                  frames.size(1) == frames::frame_bytes(count, plan.wire) &&
+                  (frames.size(1) == 0 || frames.stride(0) % 4 == 0) &&
                   reinterpret_cast<uintptr_t>(frames.const_data_ptr()) % 4 == 0,
               "cnccl: CUDA frame kernels take [rows, ", frames::frame_bytes(count, plan.wire),
               "] uint8 rows of whole frames, 4-byte aligned");
@@ -117,7 +121,7 @@ void check_wide(const at::Tensor& wide, const at::Tensor& frames, int64_t most) 
 
 class CudaDevice final : public composed::Device {
  public:
-  explicit CudaDevice(bool count_casts) : count_casts_(count_casts) {}
+  CudaDevice(bool count_casts, bool host_waits) : count_casts_(count_casts), host_waits_(host_waits) {}
 
   ~CudaDevice() override {
     for (const auto& stream : side_streams_) {
@@ -221,7 +225,7 @@ class CudaDevice final : public composed::Device {
 
   void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out) override {
     check_frames(frames, count, plan);
-    check_frames(out.view({1, -1}), count, plan);
+    check_frames(out.view({1, out.numel()}), count, plan);
     TORCH_CHECK(out.device() == frames.device(), "cnccl: a frame sum's output on ", out.device());
     const c10::cuda::CUDAGuard guard(frames.device());
     compress::cuda::frame_sum_encode(frames.const_data_ptr<uint8_t>(), size_t(frames.size(0)), size_t(frames.stride(0)),
@@ -264,8 +268,23 @@ class CudaDevice final : public composed::Device {
 
   // WorkNCCL::synchronize(): the current stream waits on the work's end event (ncclEndEvent_) and
   // the work drops the tensors it stashed; the host never blocks, whatever TORCH_NCCL_BLOCKING_WAIT
-  // says (that is wait()'s).
-  void wait(c10d::Work& work) override { work.synchronize(); }
+  // says (that is wait()'s). gloo's CUDA works record their events in their worker thread as they
+  // end: the host waits for that first, through the work's future as the CPU device does (gloo completes
+  // the future, running its callbacks, where the restores are, before the work itself, so the work's own
+  // wait() would never return there), rethrows a failure, then the current stream waits on the events.
+  void wait(c10d::Work& work) override {
+    if (!host_waits_) return work.synchronize();
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    try {
+      future = work.getFuture();
+    } catch (const c10::Error&) {
+      work.wait();  // a work without a future (gloo's LambdaWork): its wait() is all there is
+      return;
+    }
+    future->wait();
+    if (future->hasError()) std::rethrow_exception(future->exception_ptr());
+    work.synchronize();
+  }
 
   std::shared_ptr<void> use_side_stream() override {
     if (cuda::capturing()) return nullptr;
@@ -323,24 +342,46 @@ class CudaDevice final : public composed::Device {
     compress::cuda::CastCounts* on_device = nullptr;
     std::optional<c10::cuda::CUDAStream> reader;  // cnccl's own, for the reads
     compress::cuda::CastCounts last{};
+    bool unavailable = false;  // they could not be made: counting is off on this device
   };
 
-  // Device `index`'s counters; null when this device does not count or they cannot be made now.
+  // Device `index`'s counters; null when this device does not count or they cannot be made now. Counting
+  // never fails a collective: counters that cannot be made turn counting off on that device, with a
+  // warning (CNCCL_FAULT_CUDA_COUNTERS=1 makes their allocation fail, for the test of this).
   compress::cuda::CastCounts* counts_for(c10::DeviceIndex index) {
     if (!count_casts_) return nullptr;
     std::lock_guard<std::mutex> lock(mutex_);
     if (counts_.size() <= size_t(index)) counts_.resize(index + 1);
     Counters& c = counts_[index];
-    if (!c.on_device) {
+    if (!c.on_device && !c.unavailable) {
       const c10::cuda::CUDAGuard guard(index);
       if (cuda::capturing()) return nullptr;
-      c.reader = own_streams().take(index);
       // As the caching allocator's own cudaMalloc: a graph another thread captures stays valid.
       const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
+      std::optional<c10::cuda::CUDAStream> reader;
       void* memory = nullptr;
-      C10_CUDA_CHECK(cudaMalloc(&memory, sizeof(compress::cuda::CastCounts)));
-      C10_CUDA_CHECK(cudaMemsetAsync(memory, 0, sizeof(compress::cuda::CastCounts), c.reader->stream()));
-      C10_CUDA_CHECK(cudaStreamSynchronize(c.reader->stream()));
+      std::string failure;
+      try {
+        reader = own_streams().take(index);
+        const char* fault = std::getenv("CNCCL_FAULT_CUDA_COUNTERS");
+        cudaError_t rc = fault && std::string(fault) == "1" ? cudaErrorMemoryAllocation
+                                                            : cudaMalloc(&memory, sizeof(compress::cuda::CastCounts));
+        if (rc == cudaSuccess) rc = cudaMemsetAsync(memory, 0, sizeof(compress::cuda::CastCounts), reader->stream());
+        if (rc == cudaSuccess) rc = cudaStreamSynchronize(reader->stream());
+        if (rc != cudaSuccess) failure = cudaGetErrorString(rc);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      if (!failure.empty()) {
+        (void)cudaGetLastError();
+        if (memory) (void)cudaFree(memory);
+        if (reader) own_streams().give_back(*reader);
+        c.unavailable = true;
+        TORCH_WARN("cnccl: the CUDA telemetry counters could not be made on device ", int(index), " (", failure,
+                   "): this group's casts there are not counted (cnccl.stats(): cast_nonfinite, cast_saturated)");
+        return nullptr;
+      }
+      c.reader = reader;
       c.on_device = static_cast<compress::cuda::CastCounts*>(memory);
     }
     return c.on_device;
@@ -355,6 +396,7 @@ class CudaDevice final : public composed::Device {
   }
 
   const bool count_casts_;
+  const bool host_waits_;
   std::mutex mutex_;
   std::vector<std::optional<c10::cuda::CUDAStream>> side_streams_;  // one per device, taken on first use
   std::vector<Counters> counts_;  // per device
@@ -362,8 +404,8 @@ class CudaDevice final : public composed::Device {
 
 }  // namespace
 
-std::shared_ptr<composed::Device> make_cuda_device(bool count_casts) {
-  return std::make_shared<CudaDevice>(count_casts);
+std::shared_ptr<composed::Device> make_cuda_device(bool count_casts, bool host_waits) {
+  return std::make_shared<CudaDevice>(count_casts, host_waits);
 }
 
 }  // namespace cnccl::cuda

@@ -27,7 +27,9 @@ struct NcclEngineArgs {
 // The legacy c10d::ProcessGroupNCCL (what torch 2.15 calls "nccl-legacy"; torch 2.11's "nccl").
 composed::Engine make_nccl_engine(const NcclEngineArgs& args);
 // `count_casts`: its kernels count what their casts meet (Device::cast_counts; telemetry not off).
-std::shared_ptr<composed::Device> make_cuda_device(bool count_casts = false);
+// `host_waits`: its engine's works record their end events only once done (gloo's CUDA works), so
+// waiting for one blocks the host first (Work::wait) and then orders the current stream after it.
+std::shared_ptr<composed::Device> make_cuda_device(bool count_casts = false, bool host_waits = false);
 // The NCCL version this process loaded, as ncclGetVersion reports it (23007 for 2.30.7).
 int loaded_nccl_version();
 

@@ -66,7 +66,16 @@ def describe_build():
               "go through gloo, within a host and across hosts")
     if info["cuda_collectives"]:
         nccl = info["nccl_version"]
-        print(f"  CUDA path: built, NCCL {nccl // 10000}.{nccl // 100 % 100}.{nccl % 100}; "
+        from cnccl._C import Options
+
+        try:
+            engine = Options()._resolved_cuda_engine()
+        except ValueError:  # a bad CNCCL_* setting: the allreduce below fails naming it
+            engine = "unknown (the settings are invalid)"
+        over = (f"NCCL {nccl // 10000}.{nccl // 100 % 100}.{nccl % 100}" if engine == "nccl" else
+                "gloo, staged through host memory (CNCCL_CUDA_ENGINE=gloo: ranks may share a GPU)" if engine == "gloo"
+                else engine)
+        print(f"  CUDA path: built; CUDA tensors over {over}; "
               f"{torch.cuda.device_count()} GPU(s) visible (this check runs on CPU tensors)")
     else:
         print("  CUDA path: not built (torch or the toolkit lacks CUDA)")

@@ -25,7 +25,7 @@ def _check_torch():
 
 def _create(dist_backend_opts, pg_options):
     _check_torch()
-    from cnccl._C import Options, ProcessGroupCNCCL, _group_store
+    from cnccl._C import Options, ProcessGroupCNCCL, _group_store, build_info
 
     if pg_options is None:
         options = Options()
@@ -48,14 +48,21 @@ def _create(dist_backend_opts, pg_options):
     options.global_ranks_in_group = list(dist_backend_opts.global_ranks_in_group)
     rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
     # Keys of an earlier group of this name (a job torchrun restarted) may still be in the store.
-    store = _group_store(dist_backend_opts.store, rank, size, dist_backend_opts.timeout, options.group_name or "unnamed")
-    cpu_engine = None
+    # The ranks also agree there on the engines they build next: a rank building another would leave the
+    # others waiting in gloo's connections until the timeout.
+    store = _group_store(dist_backend_opts.store, rank, size, dist_backend_opts.timeout, options.group_name or "unnamed",
+                         options._engine_settings())
+    cpu_engine = cuda_engine = None
     if options._resolved_cpu_engine() == "gloo":
-        cpu_engine = _gloo_engine(store, rank, size, dist_backend_opts.timeout)
-    return ProcessGroupCNCCL(store, rank, size, options, cpu_engine)
+        cpu_engine = _gloo_engine(store, rank, size, dist_backend_opts.timeout, "cnccl/gloo/")
+    # cuda_engine=gloo: CUDA tensors' collectives on a gloo group of their own (the CPU engine's runs its
+    # calls on an issuer thread, with which the callers' CUDA calls would interleave).
+    if options._resolved_cuda_engine() == "gloo" and build_info()["cuda_collectives"]:
+        cuda_engine = _gloo_engine(store, rank, size, dist_backend_opts.timeout, "cnccl/gloo-cuda/")
+    return ProcessGroupCNCCL(store, rank, size, options, cpu_engine, cuda_engine)
 
 
-def _gloo_engine(store, rank, size, timeout):
+def _gloo_engine(store, rank, size, timeout, prefix):
     """The gloo group a cpu_engine=gloo group composes (built here: torch's wheel ships no gloo headers
     for C++ to build it with), with one worker thread where gloo's default is two.
 
@@ -85,7 +92,7 @@ def _gloo_engine(store, rank, size, timeout):
     else:
         gloo_options._devices = [ProcessGroupGloo.create_default_device()]
     gloo_options._threads = 1
-    return ProcessGroupGloo(PrefixStore("cnccl/gloo/", store), rank, size, gloo_options)
+    return ProcessGroupGloo(PrefixStore(prefix, store), rank, size, gloo_options)
 
 
 def register():

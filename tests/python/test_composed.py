@@ -193,6 +193,18 @@ def async_future_holds_the_restored_callers_tensor(ctx):
 
 
 @case
+def an_async_reduce_scatter_tensor_completes(ctx):
+    """gloo runs reduce_scatter_tensor as a LambdaWork, with no future and an is_completed() that stays false:
+    once cnccl waited for it, its own work reports done."""
+    g = ctx.groups["fp16"]
+    for x in (torch.randn(1000 * ctx.world, generator=ctx.gen), torch.arange(8 * ctx.world, dtype=torch.int64)):
+        out = torch.empty(x.numel() // ctx.world, dtype=x.dtype)
+        work = dist.reduce_scatter_tensor(out, x, group=g, async_op=True)
+        work.wait()
+        assert work.is_completed() and work.is_success(), f"{x.dtype}: not completed after wait()"
+
+
+@case
 def config_and_stats_report_the_gloo_engine(ctx):
     g = ctx.groups["bf16"]
     assert cnccl.config(g)["cpu_engine"] == "gloo"

@@ -25,6 +25,9 @@ def test_without_a_gpu_it_names_what_is_missing_and_leaves_its_json(tmp_path):
     # Every other prerequisite was checked before the GPU: their facts are there.
     assert {"python", "torch", "host_compiler"} <= set(summary["facts"]), summary
     assert summary["status"] == 2 and summary["state"] == "ended (exit 2)", summary
+    # The verdict it would have given: the C++ GPU tests and the Python ones, at one rank and at several.
+    assert {"cpp_codec_cuda", "cpp_frames_cuda", "cpp_composition", "python_cuda", "python_cuda_ranks"} <= \
+        set(summary["verdict"]), summary
     assert json.loads(r.stdout[r.stdout.index("{"):]) == summary, r.stdout
 
 

@@ -2,6 +2,7 @@
 behave on a machine without a GPU. Each check runs in a fresh interpreter (import order matters)."""
 
 import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -280,3 +281,32 @@ def test_an_old_setuptools_without_wheel_is_told_the_one_command_that_fixes_it(t
     assert "cnccl: building needs setuptools 70.1 or later" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
     assert re.search(rf"Run: {re.escape(str(venv))}/bin/python3?(\.\d+)? -m pip install -U 'setuptools>=70\.1'",
                      r.stdout + r.stderr), r.stderr[-3000:]
+
+
+@pytest.mark.skipif(not cnccl.build_info()["cuda_kernels"], reason="torch is a CPU-only build: cnccl has no CUDA path")
+def test_the_cuda_kernels_compile_with_ieee_arithmetic_whatever_the_users_flags():
+    """compress/CMakeLists.txt pins nvcc's -ftz=false -prec-div=true -prec-sqrt=true -fmad=false on the
+    kernels (the CPU/GPU bit identity needs them) after CMAKE_CUDA_FLAGS, so that -use_fast_math there loses."""
+    build = os.environ.get("CNCCL_BUILD_DIR", os.path.join(REPO, "build"))
+    with open(os.path.join(build, "CMakeCache.txt")) as f:
+        user = next((line.split("=", 1)[1].split() for line in f if line.startswith("CMAKE_CUDA_FLAGS:")), [])
+    with open(os.path.join(build, "compile_commands.json")) as f:
+        commands = {os.path.basename(e["file"]): e["command"].split() for e in json.load(f)
+                    if e["file"].endswith(".cu") and os.sep + "compress" + os.sep in e["file"]}
+    assert {"cuda_codec.cu", "cuda_frames.cu"} <= set(commands), sorted(commands)
+    for name, argv in commands.items():
+        last_user = max((i for i, a in enumerate(argv) if a in user), default=-1)
+        for flag in ("-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false"):
+            assert flag in argv[last_user + 1:], f"{name}: {flag} missing or before CMAKE_CUDA_FLAGS {user}: {argv}"
+
+
+@pytest.mark.skipif(not cnccl.build_info()["cuda_kernels"], reason="torch is a CPU-only build: cnccl has no CUDA path")
+@pytest.mark.parametrize("source", ["cuda_codec.cu", "cuda_frames.cu"])
+def test_the_cuda_kernels_compile_for_a_t4(tmp_path, source):
+    """sm_80's warp reductions have a shuffle fallback (compress/cuda_launch.h, warp_sum and warp_max): the
+    kernels compile for compute capability 7.5 (a T4), the oldest nvcc 13 builds for. PTX only, to be quick."""
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    r = subprocess.run([nvcc, "-ptx", "-arch=compute_75", "-std=c++17", f"-I{REPO}", "--expt-relaxed-constexpr",
+                        os.path.join(REPO, "compress", source), "-o", str(tmp_path / "out.ptx")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
