@@ -27,6 +27,10 @@ using errors::message_of;
 // Signatures travel as fixed-size, zero-padded byte strings (fit_signature).
 constexpr size_t kSignatureBytes = 256;
 
+// How long a failed agreement looks for a same-host peer whose exit explains it (see agree()): a
+// process's exit shows through its pidfd within milliseconds of its connections resetting.
+constexpr auto kExitGrace = std::chrono::seconds(1);
+
 // A test-only pause at a named point of the issuer thread, so that a test can destroy or abort a
 // group exactly there (tests/python/test_threads.py): CNCCL_TEST_ISSUER_DELAY="<point>:<ms>".
 constexpr const char* kBeforeIssue = "before_issue";  // agreed and not settled; the engine not yet called
@@ -223,13 +227,24 @@ struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
       // gloo's allgather is a ring: this rank waits on the one before it, unless a peer on this host is
       // known gone (gloo's error names a connection, not a rank). A peer that died fails it at once (its
       // connection resets), long before the timeout: say which of the two it was.
-      int peer = (rank + size - 1) % size;
-      std::string gone;
-      for (int r = 0; r < size && gone.empty() && peer_exited; ++r) {
-        if (r != rank && !(gone = peer_exited(r)).empty()) peer = r;
-      }
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
       const bool timed_out = waited >= job->timeout;
+      int peer = (rank + size - 1) % size;
+      std::string gone;
+      const auto find_gone = [&] {
+        for (int r = 0; r < size && gone.empty() && peer_exited; ++r) {
+          if (r != rank && !(gone = peer_exited(r)).empty()) peer = r;
+        }
+      };
+      find_gone();
+      // A connection resets when its process closes its files, before the process is reaped and its pidfd
+      // turns readable, and a survivor that failed first resets its connections while it still runs: an
+      // early failure waits a moment for the peer whose exit caused it to show.
+      for (auto grace = std::chrono::steady_clock::now() + kExitGrace;
+           !timed_out && gone.empty() && peer_exited && std::chrono::steady_clock::now() < grace;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        find_gone();
+      }
       throw backend_error(job->what + " [peer rank " + std::to_string(peer) + "]: " +
                           (gone.empty() ? "" : "rank " + std::to_string(peer) + ": " + gone + "; ") +
                           (timed_out ? "timed out after " : "failed after ") + std::to_string(waited.count()) +

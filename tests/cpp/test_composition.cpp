@@ -12,8 +12,10 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <algorithm>
+#include <optional>
 
 #include "backend/composed/composed_path.h"
+#include "backend/composed/issuer.h"
 #include "backend/composed/composition.h"
 #include "backend/frames.h"
 #include "backend/process_group.h"
@@ -838,6 +840,35 @@ TEST(Composition, Fp32SumsFailureOfTheAllToAllFailsTheWorkAndLeavesTheTensor) {
   rig.streams.run();
   EXPECT_THROW(work->wait(), c10::DistBackendError);
   EXPECT_TRUE(at::equal(ts[0], x)) << "a failed collective wrote into the caller's tensor";
+}
+
+// --- Agreement ---------------------------------------------------------------------------------
+
+// A peer's connections reset as its process closes its files, before its pidfd shows the exit
+// (tests/python/test_elastic.py met it: a survivor named its live ring neighbour). Rank 1 of three
+// leaves; its exit shows 100 ms after rank 0's agreement failed: rank 0 names rank 1, not rank 2.
+TEST(Issuer, AnEarlyFailureNamesThePeerWhoseExitShowsAMomentLater) {
+  auto fabric = std::make_shared<cnccl::testing::Fabric>(3);
+  auto engine = c10::make_intrusive<cnccl::testing::GlooDouble>(fabric, 0);
+  c10::make_intrusive<cnccl::testing::GlooDouble>(fabric, 1).reset();
+  std::optional<std::chrono::steady_clock::time_point> first_asked;
+  Issuer issuer(engine, "g", [&](int r) -> std::string {
+    const auto now = std::chrono::steady_clock::now();
+    if (!first_asked) first_asked = now;
+    return r == 1 && now - *first_asked > std::chrono::milliseconds(100) ? "its process (pid 4242) exited" : "";
+  });
+  at::Tensor t = at::ones({4});
+  auto work = issuer.submit(c10d::OpType::ALLREDUCE, "allreduce", 1, "4 x Float, SUM", {t}, std::chrono::seconds(30),
+                            [&] { return c10::intrusive_ptr<c10d::Work>(); });
+  try {
+    work->wait();
+    FAIL() << "the agreement succeeded without rank 1";
+  } catch (const c10::DistBackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("[peer rank 1]: rank 1: its process (pid 4242) exited; failed after"),
+              std::string::npos)
+        << e.what();
+  }
+  issuer.close("done");
 }
 
 // --- Coalescing and lifetime --------------------------------------------------------------------
