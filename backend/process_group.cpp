@@ -62,9 +62,8 @@ ProcessGroupCNCCL::ProcessGroupCNCCL(const c10::intrusive_ptr<c10d::Store>& stor
     TORCH_CHECK_VALUE(cpu_engine && cpu_engine->getBackendName() == "gloo", "cnccl: cpu_engine=gloo needs torch's "
                       "ProcessGroupGloo passed to the constructor (the Python registration does this)",
                       CNCCL_WITH_UCX ? "" : "; this build has no UCX (CNCCL_WITH_UCX=OFF), so gloo is its only CPU engine");
-    composed::Engine gloo{cpu_engine, "gloo", /*reduces_avg_and_premul=*/false, /*reduce_keeps_non_root=*/false,
-                            /*coalesces_mixed_dtypes=*/false};
-    auto composition = std::make_unique<composed::Composition>(std::move(gloo), composed::make_cpu_device(), config_,
+    auto composition = std::make_unique<composed::Composition>(composed::Engine::gloo(cpu_engine),
+                                                               composed::make_cpu_device(), config_,
                                                                /*stats=*/nullptr, rank, size);
     auto composed = c10::make_intrusive<composed::ComposedPath>(rank, size, std::move(composition));
     // gloo names a failed connection, not a rank: a rank of this host whose process exited is named instead.
@@ -207,10 +206,7 @@ c10d::Backend& ProcessGroupCNCCL::cuda_path(const char* op) {
   args.bound_device = getBoundDeviceId();
   // gloo's CUDA works end in its worker thread, their events recorded only then: the host waits for
   // them (wait(Work&)) before a stream can be ordered after them.
-  composed::Engine engine = cuda_gloo_ ? composed::Engine{cuda_gloo_, "gloo", /*reduces_avg_and_premul=*/false,
-                                                          /*reduce_keeps_non_root=*/false,
-                                                          /*coalesces_mixed_dtypes=*/false}
-                                       : cuda::make_nccl_engine(args);
+  composed::Engine engine = cuda_gloo_ ? composed::Engine::gloo(cuda_gloo_) : cuda::make_nccl_engine(args);
   auto device = cuda::make_cuda_device(config_.telemetry != Telemetry::kOff, /*host_waits=*/bool(cuda_gloo_));
   auto composition = std::make_unique<composed::Composition>(std::move(engine), device, config_, &stats_, rank_, size_);
   cuda_ = c10::make_intrusive<composed::ComposedPath>(rank_, size_, std::move(composition));

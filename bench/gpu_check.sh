@@ -64,31 +64,31 @@ json_string() {  # the argument as a JSON string
   printf '"%s"' "$s"
 }
 write_json() {  # the whole summary, replaced atomically
-  local out sep name
-  out="{\n \"state\": $(json_string "$state"),\n \"seconds\": $((SECONDS - START)),"
-  out+="\n \"deadline_seconds\": $DEADLINE,\n \"status\": $status,\n \"verdict\": ["
+  local out sep name n=$'\n'  # printed with %s: a value's backslashes stay as json_string wrote them
+  out="{$n \"state\": $(json_string "$state"),$n \"seconds\": $((SECONDS - START)),"
+  out+="$n \"deadline_seconds\": $DEADLINE,$n \"status\": $status,$n \"verdict\": ["
   sep=""
   for name in "${VERDICT[@]}"; do out+="$sep$(json_string "$name")"; sep=", "; done
-  out+="],\n \"facts\": {"
+  out+="],$n \"facts\": {"
   sep=""
   for name in "${FACTS[@]}"; do
-    out+="$sep\n  $(json_string "${name%%=*}"): $(json_string "${name#*=}")"; sep=","
+    out+="$sep$n  $(json_string "${name%%=*}"): $(json_string "${name#*=}")"; sep=","
   done
-  out+="\n },\n \"steps\": {"
+  out+="$n },$n \"steps\": {"
   sep=""
   for name in "${ORDER[@]}"; do
-    out+="$sep\n  $(json_string "$name"): $(json_string "${RESULT[$name]}")"; sep=","
+    out+="$sep$n  $(json_string "$name"): $(json_string "${RESULT[$name]}")"; sep=","
   done
-  out+="\n }"
+  out+="$n }"
   if [[ -s "$DIR/gpu_allreduce.json" ]] && [[ ${bench_json_ok:-0} == 1 ]]; then
-    out+=",\n \"gpu_allreduce\": $(cat "$DIR/gpu_allreduce.json")"
+    out+=",$n \"gpu_allreduce\": $(cat "$DIR/gpu_allreduce.json")"
   fi
   if [[ -s "$DIR/codec_cuda.txt" ]]; then
-    out+=",\n \"codec_cuda\": ["; sep=""
-    while IFS= read -r name; do out+="$sep\n  $(json_string "$name")"; sep=","; done < "$DIR/codec_cuda.txt"
-    out+="\n ]"
+    out+=",$n \"codec_cuda\": ["; sep=""
+    while IFS= read -r name; do out+="$sep$n  $(json_string "$name")"; sep=","; done < "$DIR/codec_cuda.txt"
+    out+="$n ]"
   fi
-  printf '%b\n}\n' "$out" > "$JSON.tmp" && mv -f "$JSON.tmp" "$JSON"
+  printf '%s\n}\n' "$out" > "$JSON.tmp" && mv -f "$JSON.tmp" "$JSON"
 }
 record() {  # record NAME RESULT
   [[ -v RESULT[$1] ]] || ORDER+=("$1")

@@ -36,6 +36,12 @@ struct Engine {
   // gloo refuses allreduce_coalesced of mixed dtypes and garbles allgather_coalesced of them:
   // such calls go out as one coalesced call per dtype.
   bool coalesces_mixed_dtypes = true;
+
+  // torch's ProcessGroupGloo, CPU or CUDA tensors: it has none of the three.
+  static Engine gloo(c10::intrusive_ptr<c10d::Backend> backend) {
+    return {std::move(backend), "gloo", /*reduces_avg_and_premul=*/false, /*reduce_keeps_non_root=*/false,
+            /*coalesces_mixed_dtypes=*/false};
+  }
 };
 
 class Composition {

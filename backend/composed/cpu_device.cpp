@@ -83,20 +83,7 @@ class CpuDevice final : public Device {
   // The host's program order is the only stream: what ran has its results in memory.
   EventPtr record() override { return reached_; }
   void wait(const EventPtr&) override {}
-  // The host waits, through the work's future where it has one: gloo completes that before the work
-  // itself and runs the future's callbacks (where the restores are) in between, so the work's own
-  // wait() would never return there. A work that failed rethrows.
-  void wait(c10d::Work& work) override {
-    c10::intrusive_ptr<c10::ivalue::Future> future;
-    try {
-      future = work.getFuture();
-    } catch (const c10::Error&) {
-      work.wait();
-      return;
-    }
-    future->wait();
-    if (future->hasError()) std::rethrow_exception(future->exception_ptr());
-  }
+  void wait(c10d::Work& work) override { wait_on_host(work); }
   std::shared_ptr<void> use_side_stream() override { return nullptr; }
   void keep(const std::vector<at::Tensor>&) override {}
 
@@ -108,6 +95,18 @@ class CpuDevice final : public Device {
 };
 
 }  // namespace
+
+void wait_on_host(c10d::Work& work) {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  try {
+    future = work.getFuture();
+  } catch (const c10::Error&) {
+    work.wait();
+    return;
+  }
+  future->wait();
+  if (future->hasError()) std::rethrow_exception(future->exception_ptr());
+}
 
 std::shared_ptr<Device> make_cpu_device() { return std::make_shared<CpuDevice>(); }
 

@@ -95,6 +95,12 @@ class Device {
   virtual void keep(const std::vector<at::Tensor>& buffers) = 0;
 };
 
+// Blocks the host until `work` has ended, rethrowing its failure: through the work's future where it has
+// one (gloo completes that before the work itself and runs the future's callbacks, where the restores are,
+// in between, so the work's own wait() would never return there), through wait() where it has none (gloo's
+// LambdaWork).
+void wait_on_host(c10d::Work& work);
+
 std::shared_ptr<Device> make_cpu_device();
 // The device of tensors on `device`: the CPU's, or CUDA's in a build with the CUDA path; any other
 // throws a ValueError naming it.

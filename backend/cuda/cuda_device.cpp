@@ -269,20 +269,9 @@ class CudaDevice final : public composed::Device {
   // WorkNCCL::synchronize(): the current stream waits on the work's end event (ncclEndEvent_) and
   // the work drops the tensors it stashed; the host never blocks, whatever TORCH_NCCL_BLOCKING_WAIT
   // says (that is wait()'s). gloo's CUDA works record their events in their worker thread as they
-  // end: the host waits for that first, through the work's future as the CPU device does (gloo completes
-  // the future, running its callbacks, where the restores are, before the work itself, so the work's own
-  // wait() would never return there), rethrows a failure, then the current stream waits on the events.
+  // end: the host waits for that first, as the CPU device does, then the current stream waits on them.
   void wait(c10d::Work& work) override {
-    if (!host_waits_) return work.synchronize();
-    c10::intrusive_ptr<c10::ivalue::Future> future;
-    try {
-      future = work.getFuture();
-    } catch (const c10::Error&) {
-      work.wait();  // a work without a future (gloo's LambdaWork): its wait() is all there is
-      return;
-    }
-    future->wait();
-    if (future->hasError()) std::rethrow_exception(future->exception_ptr());
+    if (host_waits_) composed::wait_on_host(work);
     work.synchronize();
   }
 

@@ -49,3 +49,18 @@ def test_killed_it_records_the_step_and_prints_its_json(tmp_path):
     assert summary["steps"]["prerequisites"].startswith("killed by SIGTERM"), summary
     assert summary["status"] == 128 + signal.SIGTERM, summary
     assert json.loads(out[out.index("{"):]) == summary, out
+
+
+@no_gpu
+def test_a_fact_with_backslashes_and_quotes_is_kept_as_it_was(tmp_path):
+    # A compiler's --version line holding JSON's escape characters: the summary keeps it byte for byte (printf
+    # %b would turn the escaped "\\n" back into a newline inside the JSON string, and "\\t" into a tab).
+    line = r'c++ (C:\tools\n12) "quoted" \\ end'
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f"#!/bin/sh\ncat <<'EOF'\n{line}\nEOF\n")
+    cxx.chmod(0o755)
+    r = subprocess.run(["bash", SCRIPT], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, OUT=str(tmp_path), CXX=str(cxx)))
+    assert r.returncode == 2, r.stdout + r.stderr
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert summary["facts"]["host_compiler"] == line, summary["facts"]

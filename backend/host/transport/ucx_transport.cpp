@@ -49,8 +49,10 @@ std::shared_ptr<ucp_context> shared_context() {
   // Every group has its own worker, and UCX's shared-memory transports (posix and sysv) each give
   // a worker 512 receive buffers of 8 KiB up front: 6 MiB of shared and 3 MiB of private memory a
   // rank per group. Pools of 64 grow on demand just the same (UCX_*_RX_MAX_BUFS is unlimited);
-  // bench/group_memory.py measures what a group costs. A user's own setting wins.
-  if (!std::getenv("UCX_MM_RX_BUFS_GROW") && !std::getenv("UCX_POSIX_RX_BUFS_GROW") &&
+  // bench/group_memory.py measures what a group costs. A user's own setting wins. Where every lane is
+  // TCP no shared-memory transport loads, and UCX warns on every worker that the setting is invalid.
+  const bool tcp_only = tcp_on_every_lane(std::getenv("UCX_TLS"));
+  if (!tcp_only && !std::getenv("UCX_MM_RX_BUFS_GROW") && !std::getenv("UCX_POSIX_RX_BUFS_GROW") &&
       !std::getenv("UCX_SYSV_RX_BUFS_GROW")) {
     ucp_config_modify(config, "MM_RX_BUFS_GROW", "64");
   }
@@ -59,7 +61,7 @@ std::shared_ptr<ucp_context> shared_context() {
   // third of the time (docs/benchmarks.md, "Across a link"). Eager messages stream with no
   // handshake. UCX 1.13 has one threshold for every lane, so only where every lane is TCP: over
   // shared memory and RDMA a rendezvous is zero-copy and stays. A user's own setting wins.
-  if (!std::getenv("UCX_RNDV_THRESH") && tcp_on_every_lane(std::getenv("UCX_TLS"))) {
+  if (!std::getenv("UCX_RNDV_THRESH") && tcp_only) {
     ucp_config_modify(config, "RNDV_THRESH", "inf");
   }
   ucp_params_t params{};
