@@ -4,7 +4,7 @@ where deepspeed is installed and every rank has a core of its own (its waits spi
 
 Usage: python3 bench/allreduce.py [--ranks 2,4] [--sizes 4K,...,128M] [--trials 7] [--busy N] [--gap-ms 2]
                                   [--json FILE] [--plot FILE]
-(JSON and plot go to bench/results/ unless told otherwise; bench/report.py also puts them in the README.)
+(JSON and plot go to bench/results/ unless told otherwise; bench/report.py also puts them in docs/benchmarks.md.)
 
 Each size runs every variant in turn, trial after trial (interleaved, so machine noise hits all
 alike), and reports the median time as algorithm bandwidth (fp32 bytes / time), bus bandwidth

@@ -13,14 +13,13 @@ Needs root, `ip` and `tc` (iproute2); prints why and exits 0 elsewhere. UCX runs
 (namespaces do not isolate UCX's shared-memory transports), as tests/python/test_multinode.py does.
 
 Usage: python3 bench/link.py [--rates 1,2.5,10] [--ranks-per-host 1,2] [--hosts 2,3] [--sizes 1M,4M,16M,64M]
-                             [--trials 5] [--json FILE] [--readme] [--readme-from JSON]
-(--readme rewrites the README's link section between its markers.)
+                             [--trials 5] [--json FILE] [--docs] [--docs-from JSON]
+(--docs rewrites docs/benchmarks.md's link section between its markers.)
 """
 
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -31,11 +30,10 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
 import scale_model  # noqa: E402  (bench/, beside this file)
+import sections  # noqa: E402
 from hosts import Nodes, unavailable  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
-README = os.path.join(ROOT, "README.md")
-BEGIN, END = "<!-- link:begin -->", "<!-- link:end -->"
 GLOO, HOOK = "gloo-fp32", "gloo-hook"
 # cnccl's variants: every wire, each with the options it needs (README, options table).
 WIRES = {
@@ -94,8 +92,9 @@ def link_bytes(dev):
 PHASES = ("cast", "reduce", "transfer", "restore")
 
 
-def worker(sizes, trials, wires, out):
-    """One rank, inside its host's namespaces; rank 0 writes the rows to `out`."""
+def rank_groups(wires):
+    """This rank of a job on the simulated hosts: one thread pinned to a core, the gloo world (gloo fp32 and the
+    hook run on it) and a cnccl group for each of `wires`. Returns the rank, the world size and the groups."""
     import torch
     import torch.distributed as dist
 
@@ -106,10 +105,22 @@ def worker(sizes, trials, wires, out):
     os.sched_setaffinity(0, {rank % os.cpu_count()})
     dist.init_process_group("gloo")
     groups = {GLOO: dist.group.WORLD, HOOK: dist.group.WORLD}
+    for wire in wires:
+        if wire not in groups:
+            groups[wire] = dist.new_group(backend="cnccl", pg_options=cnccl.Options(**WIRES[wire]))
+    return rank, world, groups
+
+
+def worker(sizes, trials, wires, out):
+    """One rank, inside its host's namespaces; rank 0 writes the rows to `out`."""
+    import torch
+    import torch.distributed as dist
+
+    import cnccl
+
     if int(os.environ["LOCAL_WORLD_SIZE"]) == 1:
         wires = [w for w in wires if w not in PER_LEVEL]
-    for wire in wires:
-        groups[wire] = dist.new_group(backend="cnccl", pg_options=cnccl.Options(**WIRES[wire]))
+    rank, world, groups = rank_groups(wires)
     dev = os.environ["CNCCL_BENCH_LINK_DEV"]
     rows = []
     for nbytes in sizes:
@@ -284,10 +295,10 @@ def cell(text):
     return text.replace("|", "\\|")
 
 
-def readme_section(data):
+def docs_section(data):
     res = data["results"]
     m = data["machine"]
-    lines = [BEGIN, "", f"Regenerate with `sudo python3 bench/link.py --readme` ({m['cores']}-core machine, "
+    lines = [f"Regenerate with `sudo python3 bench/link.py --docs` ({m['cores']}-core machine, "
              f"{m['cpu']}, {m['date']}, torch {m['torch']}; medians of {data['trials']} interleaved trials). "
              "Hosts are network namespaces joined by a veth pair (three: each by a veth to a bridge), each end shaped "
              "with `tc tbf`; UCX over TCP. "
@@ -327,7 +338,6 @@ def readme_section(data):
                       "bound (rank 0's CPU time a call x ranks / cores): " + ", ".join(
                           f"{n} {big['seconds'][n] * 1e3:.0f} / {big['model_s'][n] * 1e3:.0f} / "
                           f"{big['bound_s'][n] * 1e3:.0f} / {big['cores_s'][n] * 1e3:.0f}" for n in variants)]
-    lines += ["", END]
     return "\n".join(lines)
 
 
@@ -353,8 +363,8 @@ def main():
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--wires", default=",".join(WIRES), help="cnccl's variants to run beside gloo's")
     parser.add_argument("--json", default=os.path.join(RESULTS, "link.json"))
-    parser.add_argument("--readme", action="store_true", help="rewrite the README's link section")
-    parser.add_argument("--readme-from", metavar="JSON", help="rewrite it from an earlier run's --json, running nothing")
+    parser.add_argument("--docs", action="store_true", help="rewrite docs/benchmarks.md's link section")
+    parser.add_argument("--docs-from", metavar="JSON", help="rewrite it from an earlier run's --json, running nothing")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -366,9 +376,9 @@ def main():
     if args.worker:
         worker(sizes, args.trials, wires, args.out)
         return
-    if args.readme_from:
-        with open(args.readme_from) as f:
-            return write_readme(json.load(f))
+    if args.docs_from:
+        with open(args.docs_from) as f:
+            return sections.rewrite(sections.BENCHMARKS, "link", docs_section(json.load(f)))
     why = unavailable(("ip", "tc"))
     if why:
         print(f"bench/link.py skipped: {why}")
@@ -407,18 +417,8 @@ def main():
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(data, f, indent=1)
-    if args.readme:
-        write_readme(data)
-
-
-def write_readme(data):
-    text = open(README).read()
-    if BEGIN not in text or END not in text:
-        sys.exit(f"README.md has no {BEGIN} ... {END} section to replace")
-    text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: readme_section(data), text, flags=re.S)
-    with open(README, "w") as f:
-        f.write(text)
-    print("README.md link section rewritten")
+    if args.docs:
+        sections.rewrite(sections.BENCHMARKS, "link", docs_section(data))
 
 
 if __name__ == "__main__":

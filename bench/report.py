@@ -1,22 +1,19 @@
-"""Regenerates the README's results section: runs bench/allreduce.py (2 and 4 ranks) and bench/ddp_step.py,
-writes bench/results/{allreduce.json, allreduce.png, ddp_step.json} and rewrites the README between
-its results markers.
+"""Regenerates docs/benchmarks.md's one-host results: runs bench/allreduce.py (2 and 4 ranks) and
+bench/ddp_step.py, writes bench/results/{allreduce.json, allreduce.png, ddp_step.json} and rewrites the
+section between its `results` markers. `--from-results` rewrites it from those JSON files, running nothing.
 
-Usage: python3 bench/report.py [--trials 7]
+Usage: python3 bench/report.py [--trials 7] [--from-results]
 """
 
 import argparse
+import json
 import os
-import re
-import sys
 
 import allreduce
 import ddp_step
+import sections
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-README = os.path.join(os.path.dirname(HERE), "README.md")
 RESULTS = allreduce.RESULTS
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def goals(ar, ddp):
@@ -54,10 +51,10 @@ def goals(ar, ddp):
 
 
 def section(ar, ddp, trials):
-    lines = [BEGIN, "", "Regenerate with `python3 bench/report.py` (about 3 minutes; numbers are from one run on a "
+    lines = ["Regenerate with `python3 bench/report.py` (about 3 minutes; numbers are from one run on a "
              f"{ar['machine']['cores']}-core machine, {ar['machine']['date']}, torch {ar['machine']['torch']}; "
              f"medians of {trials} interleaved trials).", "",
-             "![allreduce bandwidth](bench/results/allreduce.png)", ""]
+             "![allreduce bandwidth](../bench/results/allreduce.png)", ""]
     lines += ["| goal | measured | target | |", "|---|---|---|---|"]
     for name, value, target, higher in goals(ar["results"], ddp):
         met = value >= target if higher else value <= target
@@ -90,14 +87,23 @@ def section(ar, ddp, trials):
             lines.append(f"| {allreduce.label(row['bytes'])} | " +
                          " | ".join(f"{row['algbw_gbs'][n]:.2f}" for n in variants) + " | " +
                          " | ".join(f"{row['ratios'][r]:.2f}x" for r in ratios) + " |")
-    lines += ["", "```", ddp_step.table(ddp), "```", "", END]
+    lines += ["", "```", ddp_step.table(ddp), "```"]
     return "\n".join(lines)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=7)
+    parser.add_argument("--from-results", action="store_true",
+                        help="rewrite the section from bench/results/allreduce.json and ddp_step.json, running nothing")
     args = parser.parse_args()
+    if args.from_results:
+        with open(os.path.join(RESULTS, "allreduce.json")) as f:
+            ar = json.load(f)
+        with open(os.path.join(RESULTS, "ddp_step.json")) as f:
+            ddp = json.load(f)
+        sections.rewrite(sections.BENCHMARKS, "results", section(ar, ddp, ar["trials"]))
+        return
     sizes = [allreduce.parse_size(s) for s in allreduce.DEFAULT_SIZES.split(",")]
     results = {}
     for world in (2, 4):
@@ -110,16 +116,7 @@ def main():
     print(ddp_step.table(ddp), flush=True)
     ddp_step.check(ddp)
     allreduce.save_json(ddp, os.path.join(RESULTS, "ddp_step.json"))
-
-    with open(README) as f:
-        text = f.read()
-    if BEGIN not in text or END not in text:
-        sys.exit(f"README.md has no {BEGIN} ... {END} section to replace")
-    text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section(ar, ddp, args.trials), text,
-                  flags=re.S)
-    with open(README, "w") as f:
-        f.write(text)
-    print("README.md results section rewritten")
+    sections.rewrite(sections.BENCHMARKS, "results", section(ar, ddp, args.trials))
 
 
 if __name__ == "__main__":

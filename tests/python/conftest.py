@@ -11,14 +11,25 @@ import harness  # noqa: E402
 from hosts import Nodes, unavailable  # noqa: E402
 
 
-def simulated_hosts(hosts):
-    """`hosts` simulated hosts (hosts.py); skips naming why where namespaces cannot be made, which
-    CNCCL_REQUIRE_NETNS=1 (CI) turns into a failure."""
-    why = unavailable()
+def require_namespaces(tools=("ip",)):
+    """Skips naming why where namespaces (and `tools`) cannot be used, which CNCCL_REQUIRE_NETNS=1 (CI) turns
+    into a failure."""
+    why = unavailable(tools)
     if why:
         if os.environ.get("CNCCL_REQUIRE_NETNS") == "1":
             pytest.fail(f"CNCCL_REQUIRE_NETNS=1 but {why}")
         pytest.skip(why)
+
+
+@pytest.fixture
+def link_namespaces():
+    """For a test whose program makes its own simulated hosts and shapes their link (`ip`, `tc`)."""
+    require_namespaces(("ip", "tc"))
+
+
+def simulated_hosts(hosts):
+    """`hosts` simulated hosts (hosts.py); skips or fails as require_namespaces() does."""
+    require_namespaces()
     n = Nodes(hosts)
     yield n
     n.close()
