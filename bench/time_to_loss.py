@@ -10,7 +10,7 @@ machine with Python, no download. Training draws from its first 90%; the loss th
 fixed held-out set from the last 10% (EVAL_SEQS sequences), every EVAL_EVERY steps, outside the timed wall
 clock. Model: a GPT-style decoder (bytes in, bytes out; 2 blocks of width 512, 6.6 M parameters, 25.2 MiB
 of fp32 gradients a step), sized so that its gradients make the link matter (at 1 Gbit/s gloo's fp32
-allreduce of them takes about three times the step's compute on one of these cores) while a step fits 2
+allreduce of them takes about 3.6 times the step's compute on one of these cores) while a step fits 2
 cores: one sequence of 64 bytes a rank. Adam, its rate on a cosine from LR down to a tenth at the last step.
 
 Every run of a job starts from the same initialization and sees the same batches (both from the seed), on
@@ -19,8 +19,8 @@ records per step the training loss (the ranks' mean), the wall time and the byte
 (the busier direction, headers included), and the held-out loss at each evaluation. The target is gloo
 fp32's held-out loss at its last step; a run's time to the loss is the wall time at which its held-out loss
 first reaches the target (linear between evaluations), the same rule for every run. A run that has not
-reached it at gloo's last step goes on at the last rate, up to half as many steps again, and reports how
-many more steps it needed.
+reached it at gloo's last step goes on at the last rate, up to half as many steps again (at least one
+evaluation's), and reports how many more steps it needed.
 
 Needs root, `ip` and `tc`; prints why and exits 0 elsewhere. Writes bench/results/time_to_loss.json and
 time_to_loss.png. `--quick` (CI): one link, 2 x 1 and a short 2 x 2, one seed, a few steps.
@@ -189,13 +189,21 @@ def worker(runs, seeds, steps, out):
             start, counted, paused = time.perf_counter(), link.link_bytes(dev), 0.0
 
             def evaluate(step):
-                # Every rank evaluates the same parameters on the same set (DDP keeps them equal), so every
-                # rank decides alike; the time it takes is left out of the wall clock.
+                # Every rank evaluates its parameters (DDP keeps them equal) on the same set; the time until
+                # the slowest rank is done is left out of the wall clock.
                 nonlocal paused
                 t = time.perf_counter()
                 with torch.no_grad():
                     evals.append([step, t - start - paused, loss_of(model.module, *held_out).item()])
+                dist.barrier()
                 paused += time.perf_counter() - t
+
+            def done(step):
+                # Rank 0's evaluation decides for every rank: a rank that left the loop alone would leave the
+                # others waiting in the next allreduce.
+                stop = torch.tensor([step >= steps and (target is None or evals[-1][2] <= target)], dtype=torch.int32)
+                dist.broadcast(stop, 0)
+                return bool(stop.item())
 
             evaluate(0)
             for step in range(steps + max(EVAL_EVERY, int(steps * EXTRA) // EVAL_EVERY * EVAL_EVERY)):
@@ -215,7 +223,7 @@ def worker(runs, seeds, steps, out):
                 crossed.append(max(now[0] - counted[0], now[1] - counted[1]))
                 if (step + 1) % EVAL_EVERY == 0:
                     evaluate(step + 1)
-                    if step + 1 >= steps and (target is None or evals[-1][2] <= target):
+                    if done(step + 1):
                         break
             records.append({"seed": seed, "run": run, "losses": losses, "wall_s": wall, "link_bytes": crossed,
                             "evals": evals})
@@ -433,7 +441,7 @@ def main():
     parser.add_argument("--steps", type=int, default=80, help="gloo fp32's steps; the others may go on past them")
     parser.add_argument("--json", default=os.path.join(RESULTS, "time_to_loss.json"))
     parser.add_argument("--png", default=os.path.join(RESULTS, "time_to_loss.png"))
-    parser.add_argument("--from", dest="from_json", metavar="JSON", help="report and plot an earlier run's --json")
+    parser.add_argument("--from", dest="from_json", metavar="JSON", help="report and plot an earlier run's --json, running no training")
     parser.add_argument("--readme", action="store_true", help="rewrite the README's time-to-loss section")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--runs", help=argparse.SUPPRESS)

@@ -3,8 +3,8 @@ link, 2 x 1 with every run and 2 x 2 with gloo fp32 and the wire per level, 8 st
 benchmark keeps working. What it asserts of the run (no time is asserted: the ratios are the benchmark's):
 
 - every run trained: the first losses (training and held-out) are the untrained model's (ln 256 = 5.55 for
-  bytes, within 0.3), the losses stay finite and the held-out loss fell by at least 0.5 in 8 steps; a run
-  whose reduced gradients came back zero or NaN does neither;
+  bytes, within 0.5: the full run's ranged 5.62-5.90), the losses stay finite and the held-out loss fell by at
+  least 0.5 in 8 steps; a run whose reduced gradients came back zero or NaN does neither;
 - each wire put its own bytes through the link a step, as a share of gloo fp32's (its bytes an element over 4,
   within the bounds below): DDP's gradients went through the compressing path, not around it;
 - the report, its JSON and the picture were written, and `--from` reproduces the report from the JSON.
@@ -43,7 +43,7 @@ def test_quick_mode_trains_every_run_and_each_wire_carries_its_bytes(link_namesp
             run, losses = rec["run"], rec["losses"]
             assert len(losses) >= data["steps"] and all(math.isfinite(v) for v in losses), (key, run, losses)
             evals = [loss for _, _, loss in rec["evals"]]
-            assert abs(evals[0] - math.log(256)) < 0.3 and abs(losses[0] - math.log(256)) < 0.3, (key, run, evals)
+            assert abs(evals[0] - math.log(256)) < 0.5 and abs(losses[0] - math.log(256)) < 0.5, (key, run, evals)
             assert evals[1] < evals[0] - 0.5, (key, run, evals)
             per_step[run] = rec["link_bytes"][-1] / len(rec["link_bytes"])
         runs = [rec["run"] for rec in result["records"]]
