@@ -5,17 +5,26 @@
 # It builds a copy of the tree (build-noucx/src, its build in build/ as the main one's): ccache's keys are
 # relative to the source folder, and only the units that read CNCCL_WITH_UCX differ from the main build's
 # (backend/CMakeLists.txt), so after .ci/setup the rest come from the cache.
+# Usage: .ci/no_ucx.sh [build|run|both]   (after .ci/setup, whose cache entries it reuses; CI builds it
+# beside the sanitizers' builds, .ci/builds.sh, and runs it after).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+step="${1:-both}"
 src="$PWD/build-noucx/src"
-rm -rf "$src" && mkdir -p "$src"
-git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C "$src"
 dir="$src/build"
-cmake -S "$src" -B "$dir" -DPython3_EXECUTABLE="$(command -v "$PY")" -DCNCCL_WITH_UCX=OFF -DCNCCL_BUILD_TESTS=ON \
-  -DCNCCL_BUILD_BENCH=OFF >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
-grep "UCX        : off" "$dir.configure.log"
-cmake --build "$dir" -j "$(nproc)" --target cnccl_python test_composition test_threads
+if [[ $step != run ]]; then
+  # The main build's flags (.ci/setup), for its ccache entries.
+  no_debug_info=()
+  [[ ${CNCCL_DEBUG_INFO:-ON} == OFF ]] && no_debug_info=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG")
+  rm -rf "$src" && mkdir -p "$src"
+  git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C "$src"
+  cmake -S "$src" -B "$dir" -DPython3_EXECUTABLE="$(command -v "$PY")" -DCNCCL_WITH_UCX=OFF -DCNCCL_BUILD_TESTS=ON \
+    -DCNCCL_BUILD_BENCH=OFF "${no_debug_info[@]}" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
+  grep "UCX        : off" "$dir.configure.log"
+  cmake --build "$dir" -j "$(nproc)" --target cnccl_python test_composition test_threads
+fi
+[[ $step != build ]] || exit 0
 "$dir/tests/cpp/test_composition" --gtest_brief=1
 "$dir/tests/cpp/test_threads" --gtest_brief=1
 cd tests/python

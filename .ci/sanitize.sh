@@ -6,11 +6,13 @@
 # Each runs every C++ test binary the build defines (its targets named test_*), less those excluded
 # below by name, each with its reason: a new test binary runs under both without a list to edit.
 # The codec's random sweep runs reduced under ASan (CNCCL_TEST_REDUCED_SWEEPS): ctest runs it whole.
-# Usage: .ci/sanitize.sh [asan|tsan|all]   (after .ci/setup; CI runs both). Exit 1 on any report.
+# Usage: .ci/sanitize.sh [asan|tsan|all] [build|run|both]   (after .ci/setup-deps.sh; CI builds both
+# beside its other builds, .ci/builds.sh, then runs them). Exit 1 on a failed build or any report.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 which="${1:-all}"
+step="${2:-both}"
 # UCX's malloc/mmap hooks fight the sanitizers' own interceptors.
 export UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no
 status=0
@@ -30,22 +32,27 @@ test_frames: single-threaded frame kernels"
 run_config() {  # name sanitizers excluded
   local name=$1 sanitizers=$2 excluded=$3
   local dir="build-$name"
-  echo "=== $name ($sanitizers): build"
-  cmake -S . -B "$dir" -DPython3_EXECUTABLE="$(command -v "$PY")" -DCNCCL_SANITIZE="$sanitizers" -DCNCCL_PACKAGE_DIR="$PWD/$dir/package" \
-    -DCNCCL_WITH_CUDA=OFF -DCNCCL_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$SANITIZE_OPT" >"$dir.configure.log" 2>&1 \
-    || { cat "$dir.configure.log"; return 1; }
+  if [[ $step != run ]]; then
+    echo "=== $name ($sanitizers): build"
+    cmake -S . -B "$dir" -DPython3_EXECUTABLE="$(command -v "$PY")" -DCNCCL_SANITIZE="$sanitizers" \
+      -DCNCCL_PACKAGE_DIR="$PWD/$dir/package" -DCNCCL_WITH_CUDA=OFF -DCNCCL_BUILD_BENCH=OFF \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$SANITIZE_OPT" >"$dir.configure.log" 2>&1 \
+      || { cat "$dir.configure.log"; return 1; }
+  fi
   local all targets=() t
   all=$(cmake --build "$dir" --target help | grep -o '\btest_[a-z0-9_]*' | sort -u)
   [[ -n $all ]] || { echo "no test_* targets in $dir"; return 1; }
   for t in $all; do
     if grep -q "^$t:" <<<"$excluded"; then
-      echo "=== $name: skips $(grep "^$t:" <<<"$excluded")"
+      [[ $step == build ]] || echo "=== $name: skips $(grep "^$t:" <<<"$excluded")"
     else
       targets+=("$t")
     fi
   done
-  cmake --build "$dir" -j "$(nproc)" --target "${targets[@]}" || return 1
+  if [[ $step != run ]]; then
+    cmake --build "$dir" -j "$(nproc)" --target "${targets[@]}" || return 1
+  fi
+  [[ $step != build ]] || return 0
   for t in "${targets[@]}"; do
     echo "=== $name: $t"
     "$(find "$dir/tests/cpp" -name "$t" -type f -perm -u+x | head -1)" --gtest_brief=1 || return 1
@@ -60,5 +67,9 @@ if [[ $which == tsan || $which == all ]]; then
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/.ci/tsan.supp" \
     run_config tsan thread "$TSAN_EXCLUDED" || status=1
 fi
-echo "=== sanitizers: $([[ $status == 0 ]] && echo clean || echo FAILED)"
+if [[ $step == build ]]; then
+  echo "=== sanitizer builds: $([[ $status == 0 ]] && echo done || echo FAILED)"
+else
+  echo "=== sanitizers: $([[ $status == 0 ]] && echo clean || echo FAILED)"
+fi
 exit $status
