@@ -5,8 +5,10 @@ Usage: python3 bench/accuracy.py [--ranks 4] [--steps 30] [--long-steps 500] [--
 Every run trains its own copy of the same small transformer block (tests/python/models.py) on the
 same data for the same SGD steps, its gradients averaged by DDP, or reduce-scattered by FSDP2
 (fully_shard), over a different group. Reported: each run's parameters' relative L2 distance from
-the run over gloo in fp32, after the last step. cnccl's runs go over UCX (CNCCL_SHM=off), where the
-wire path is a ring of 16-bit adds; through shared memory cnccl sums in fp32 either way.
+the run over gloo in fp32, after the last step. cnccl's runs go over UCX (CNCCL_SHM=off), where
+reduce_scatter's wire path is a ring of 16-bit adds (FSDP2's); an allreduce past 256 KiB on the wire (DDP's
+bucket here) is the chunked all-to-all, and through shared memory every sum is fp32 in rank order, whatever
+`accumulate` says.
 
 The long runs train DDP for --long-steps on the fp32 reference and on the wires LONG_RUNS names
 (16-bit, 8-bit with one scale a part, MX with one scale a block of 32), and report each one's final
