@@ -100,13 +100,17 @@ def unknown_skips(reports):
 
 def pytest_sessionfinish(session, exitstatus):
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or os.environ.get("CNCCL_KNOWN_SKIPS_ONLY") != "1":
-        return
-    if unknown_skips(reporter.stats.get("skipped", [])) and session.exitstatus == 0:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if reporter is not None and os.environ.get("CNCCL_KNOWN_SKIPS_ONLY") == "1":
+        if unknown_skips(reporter.stats.get("skipped", [])) and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    # Before the terminal summary (the reporter writes it after every other sessionfinish), which names it.
+    session.config.cnccl_kept_folder = harness.end_session(passed=session.exitstatus == 0)
 
 
 def pytest_terminal_summary(terminalreporter):
+    kept = getattr(terminalreporter.config, "cnccl_kept_folder", None)
+    if kept:
+        terminalreporter.write_line(f"harness: the jobs' folders (each rank's log and report) are kept in {kept}")
     skipped = terminalreporter.stats.get("skipped", [])
     if skipped:
         write = terminalreporter.write_line

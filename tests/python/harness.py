@@ -153,6 +153,8 @@ def separate_hosts_unavailable():
 _SESSION_DIRS = {}
 # The variable a caller sets to choose a session folder itself.
 _SESSION_DIR_VARIABLES = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "report": "CNCCL_TEST_REPORT_DIR"}
+# The session folders made here, not chosen by the caller: removed when the session passes.
+_MADE_SESSION_DIRS = []
 
 
 def _session_dir(what):
@@ -160,10 +162,14 @@ def _session_dir(what):
     each job compiling the same graphs again cost seconds per job); "report", where ranks write
     what they measured (CNCCL_TEST_REPORT_DIR, kept when the caller sets it; its .jsonl files are
     written afresh each run); "shared", results that no CPU engine changes (references computed on
-    gloo alone), computed by the first job that needs them and read by the others."""
+    gloo alone), computed by the first job that needs them and read by the others; "scratch", the
+    jobs' own folders (scratch_dir)."""
     if what not in _SESSION_DIRS:
         variable = _SESSION_DIR_VARIABLES.get(what)
-        path = (os.environ.get(variable) if variable else None) or tempfile.mkdtemp(prefix=f"cnccl-{what}-")
+        path = os.environ.get(variable) if variable else None
+        if not path:
+            path = tempfile.mkdtemp(prefix=f"cnccl-{what}-")
+            _MADE_SESSION_DIRS.append(path)
         os.makedirs(path, exist_ok=True)
         if what == "report":
             for name in os.listdir(path):
@@ -171,6 +177,21 @@ def _session_dir(what):
                     os.remove(os.path.join(path, name))
         _SESSION_DIRS[what] = path
     return _SESSION_DIRS[what]
+
+
+def scratch_dir(prefix):
+    """A new folder for one job's files (its ranks' logs and reports), inside this session's scratch folder."""
+    return tempfile.mkdtemp(prefix=prefix, dir=_session_dir("scratch"))
+
+
+def end_session(passed):
+    """Removes the session folders made here when the session passed (a run's worth of folders a job and
+    test each, left behind, filled /tmp); after a failure returns the scratch folder, kept for its logs."""
+    if not passed:
+        return _SESSION_DIRS.get("scratch")
+    for path in _MADE_SESSION_DIRS:
+        shutil.rmtree(path, ignore_errors=True)
+    return None
 
 
 def _rank_env(**extra):
@@ -370,7 +391,7 @@ def run_job(module, world_size, timeout=900, env=None, hosts=1):
     modules run one after another: the results are then {module: {case: failure}}."""
     modules = [module] if isinstance(module, str) else list(module)
     what = ",".join(modules)
-    out = tempfile.mkdtemp(prefix="cnccl-test-")
+    out = scratch_dir("job-")
     start = time.monotonic()
     store, procs = launch([os.path.abspath(__file__), what], world_size, env, out, hosts)
     codes = wait_all(procs, timeout)

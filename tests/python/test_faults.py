@@ -12,11 +12,10 @@ lands mid-transfer by construction."""
 import json
 import os
 import re
-import tempfile
 
 import pytest
 
-from harness import engine_env, launch, wait_all
+from harness import engine_env, launch, scratch_dir, wait_all
 
 # Far above the detection bound: a survivor that only learns of the death at the timeout fails.
 GROUP_TIMEOUT = 30.0
@@ -41,7 +40,7 @@ def dev_shm_files():
 
 
 def run(world_size, victim, engine, op, when, hook=None, untouched=False, collective=None):
-    out = tempfile.mkdtemp(prefix="cnccl-faults-")
+    out = scratch_dir("faults-")
     here = os.path.dirname(os.path.abspath(__file__))
     dev_shm_before = dev_shm_files()
     env = {**engine_env(engine), **({hook[0]: f"{victim}:{hook[1]}"} if hook else {})}

@@ -21,7 +21,6 @@ import os
 import random
 import resource
 import sys
-import tempfile
 import threading
 
 import pytest
@@ -150,9 +149,9 @@ def rank_main(out):
 
 @pytest.mark.skipif(not os.path.exists(MALLOC_DEBUG), reason=f"glibc's debugging malloc ({MALLOC_DEBUG}) is not installed")
 def test_collectives_and_groups_under_malloc_checking_on_one_core():
-    from harness import launch, wait_all
+    from harness import launch, scratch_dir, wait_all
 
-    out = tempfile.mkdtemp(prefix="cnccl-stress-")
+    out = scratch_dir("stress-")
     env = {"LD_PRELOAD": MALLOC_DEBUG, "MALLOC_CHECK_": "3", "GLIBC_TUNABLES": "glibc.malloc.perturb=165"}
     store, procs = launch([os.path.abspath(__file__), out], 2, env, out, fresh=True)  # under LD_PRELOAD from the start
     codes = wait_all(procs, 420)

@@ -21,7 +21,6 @@ are counted.
 import json
 import os
 import sys
-import tempfile
 import time
 
 import pytest
@@ -173,9 +172,9 @@ ENGINES = ["shm", "ucx", "gloo"]
 
 
 def run(mode, engine, world=2, env=None):
-    from harness import launch, wait_all
+    from harness import launch, scratch_dir, wait_all
 
-    out = tempfile.mkdtemp(prefix="cnccl-threads-")
+    out = scratch_dir("threads-")
     # Fresh interpreters: these tests are about what a process does at exit.
     store, procs = launch([os.path.abspath(__file__), mode, engine], world, env or {}, out, fresh=True)
     codes = wait_all(procs, 180)

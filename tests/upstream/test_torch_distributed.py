@@ -9,12 +9,16 @@ reason outside cnccl is in KNOWN_FAILURES with that reason, and is a strict xfai
 passing, the run fails until the entry is removed.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("BACKEND", "cnccl")
 os.environ.setdefault("WORLD_SIZE", "2")
-os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="cnccl-upstream-"))
+if "TEMP_DIR" not in os.environ:
+    os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="cnccl-upstream-")
+    atexit.register(shutil.rmtree, os.environ["TEMP_DIR"], ignore_errors=True)
 for _name in [k for k in os.environ if k.startswith(("CNCCL_", "UCX_")) and not k.startswith("CNCCL_TEST_")]:
     del os.environ[_name]  # the defaults, whatever the caller's environment holds
 
