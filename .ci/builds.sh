@@ -3,7 +3,7 @@
 # the build without UCX (from the main build's ccache entries) and the torch 2.11 check; beside them the
 # ASan and TSan builds. A build alone leaves the cores idle at times (links, a precompiled header before
 # its units, one slow unit last: the cold ASan build took 292 s here with 381 s of CPU), which the other fills.
-# Each lane's output is printed whole when both are done, the main lane's first.
+# The main lane's output is printed as it comes, the sanitizer lane's whole when both are done.
 # Exit 2 when the main build failed (nothing after it can run), 1 when anything else did.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,16 +27,13 @@ sanitizer_lane() {
   return $rc
 }
 
-main_lane >"$logs/main" 2>&1 &
-main=$!
 sanitizer_lane >"$logs/sanitizers" 2>&1 &
 sanitizers=$!
-wait $main
+echo "=== builds: main lane (setup, the build without UCX, the torch 2.11 check); the sanitizer lane's log follows it"
+main_lane
 main_rc=$?
 wait $sanitizers
 sanitizers_rc=$?
-echo "=== builds: main lane (setup, the build without UCX, the torch 2.11 check)"
-cat "$logs/main"
 echo "=== builds: sanitizer lane (ASan, TSan)"
 cat "$logs/sanitizers"
 rm -rf "$logs"

@@ -15,12 +15,12 @@ src="$PWD/build-noucx/src"
 dir="$src/build"
 if [[ $step != run ]]; then
   # The main build's flags (.ci/setup), for its ccache entries.
-  no_debug_info=()
-  [[ ${CNCCL_DEBUG_INFO:-ON} == OFF ]] && no_debug_info=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG")
+  cxx_flags="-O2 -g -DNDEBUG"
+  [[ ${CNCCL_DEBUG_INFO:-ON} == OFF ]] && cxx_flags="-O2 -DNDEBUG"
   rm -rf "$src" && mkdir -p "$src"
   git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C "$src"
   cmake -S "$src" -B "$dir" -DPython3_EXECUTABLE="$(command -v "$PY")" -DCNCCL_WITH_UCX=OFF -DCNCCL_BUILD_TESTS=ON \
-    -DCNCCL_BUILD_BENCH=OFF "${no_debug_info[@]}" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
+    -DCNCCL_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$cxx_flags" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
   grep "UCX        : off" "$dir.configure.log"
   cmake --build "$dir" -j "$(nproc)" --target cnccl_python test_composition test_threads
 fi

@@ -68,7 +68,7 @@ if [[ $which == tsan || $which == all ]]; then
     run_config tsan thread "$TSAN_EXCLUDED" || status=1
 fi
 if [[ $step == build ]]; then
-  echo "=== sanitizer builds: $([[ $status == 0 ]] && echo done || echo FAILED)"
+  echo "=== sanitizer builds: $([[ $status == 0 ]] && echo "done" || echo FAILED)"
 else
   echo "=== sanitizers: $([[ $status == 0 ]] && echo clean || echo FAILED)"
 fi

@@ -24,7 +24,7 @@ py_pkgs=()
 [[ "$have_torch" == "$TORCH_VERSION" ]] || py_pkgs+=("torch==$TORCH_VERSION")
 # Test dependencies (module, then its PyPI name), looked up, not imported (importing them took 13 s here, and
 # CI sets up three times): the frameworks test_frameworks.py trains under, and torchao, the MX oracle of test_mx.py.
-mapfile -t -O ${#py_pkgs[@]} py_pkgs < <("$PY" - <<'EOF'
+missing=$("$PY" - <<'EOF'
 import importlib.util
 for module, name in [("pytest", "pytest"), ("numpy", "numpy"), ("matplotlib", "matplotlib"),
                      ("expecttest", "expecttest"), ("pytorch_lightning", "pytorch-lightning"),
@@ -34,14 +34,19 @@ for module, name in [("pytest", "pytest"), ("numpy", "numpy"), ("matplotlib", "m
         print(name)
 EOF
 )
+[[ -z $missing ]] || mapfile -t -O ${#py_pkgs[@]} py_pkgs <<<"$missing"
 if ((${#py_pkgs[@]})); then
   # Through uv (from PyPI) where it installs: it unpacks torch and its CUDA libraries (5 GB) in parallel,
-  # 16 s where pip took 57 s here. pip where uv cannot be had.
+  # 16 s where pip took 57 s here. pip where uv cannot be had or refuses (uv reads none of pip's settings: an
+  # index or a Debian Python that pip is allowed to install into).
+  installed=0
   if "$PY" -m uv --version >/dev/null 2>&1 ||
       "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore uv >/dev/null 2>&1; then
     echo "setup: uv pip install ${py_pkgs[*]}"
-    "$PY" -m uv pip install -q --system --python "$(command -v "$PY")" "${py_pkgs[@]}"
-  else
+    "$PY" -m uv pip install -q --system --python "$(command -v "$PY")" "${py_pkgs[@]}" && installed=1 \
+      || echo "setup: uv failed; pip instead"
+  fi
+  if ((!installed)); then
     echo "setup: pip install ${py_pkgs[*]}"
     "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "${py_pkgs[@]}"
   fi

@@ -185,13 +185,14 @@ def scratch_dir(prefix):
 
 
 def end_session(passed):
-    """Removes the session folders made here when the session passed (a run's worth of folders a job and
-    test each, left behind, filled /tmp); after a failure returns the scratch folder, kept for its logs."""
-    if not passed:
-        return _SESSION_DIRS.get("scratch")
+    """Removes the session folders made here (a run's worth of folders a job and test each, left behind,
+    filled /tmp), all when the session passed; after a failure it keeps the scratch folder, for its logs,
+    and returns it."""
+    kept = None if passed else _SESSION_DIRS.get("scratch")
     for path in _MADE_SESSION_DIRS:
-        shutil.rmtree(path, ignore_errors=True)
-    return None
+        if path != kept:
+            shutil.rmtree(path, ignore_errors=True)
+    return kept
 
 
 def _rank_env(**extra):
