@@ -22,3 +22,26 @@ phase() {
     >>"$CNCCL_CI_PHASES"
   return $rc
 }
+
+# `together NAME COMMAND NAME COMMAND ...`: runs the commands (strings, run by bash) at once, each recorded
+# as a phase, and prints their output whole, in the order given, when all are done. Fails if any failed.
+together() {
+  local dir rc=0 i=0 pids=() names=()
+  dir=$(mktemp -d)
+  while (($# >= 2)); do
+    names+=("$1")
+    phase "$1" bash -c "$2" >"$dir/$i" 2>&1 &
+    pids+=($!)
+    shift 2
+    i=$((i + 1))
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || rc=1
+  done
+  for i in "${!names[@]}"; do
+    echo "=== ${names[$i]}"
+    cat "$dir/$i"
+  done
+  rm -rf "$dir"
+  return $rc
+}
