@@ -5,10 +5,7 @@ if [[ -z "${CNCCL_CI_PHASES:-}" ]]; then
   CNCCL_CI_PHASES=$(mktemp)
   export CNCCL_CI_PHASES
   _phases_start=$SECONDS
-  _phases_owner=$BASHPID
   _phases_report() {
-    # Subshells inherit the trap (one that stop_behind ends runs it): the table is its maker's to print.
-    [[ $BASHPID == "$_phases_owner" ]] || return 0
     echo "=== phases (wall time)"
     cat "$CNCCL_CI_PHASES"
     printf '  %-12s %5d s\n' total $((SECONDS - _phases_start))
@@ -47,45 +44,4 @@ together() {
   done
   rm -rf "$dir"
   return $rc
-}
-
-# `behind NAME COMMAND`: starts the command (a string, run by bash) in the background, recorded as a phase
-# and its output kept, in the idle scheduling class (SCHED_IDLE, chrt --idle; nice 19 where chrt is
-# missing): the kernel runs it only on a core no other process wants, and a process that wakes takes the
-# core back at once, so what runs in front (the tests, some of which time the machine) keeps the cores as
-# if alone. `catch_up` waits for every command started so and prints each one's output whole; it fails if
-# any failed. `stop_behind` ends them (their process groups: make's compilers too).
-_behind=()
-behind() {
-  local log
-  log=$(mktemp)
-  set -m
-  (chrt --idle -p 0 $BASHPID >/dev/null 2>&1 || renice -n 19 -p $BASHPID >/dev/null
-   phase "$1" bash -c "$2") >"$log" 2>&1 &
-  set +m
-  _behind+=("$1:$!:$log")
-}
-
-catch_up() {
-  local rc=0 entry name pid log
-  for entry in "${_behind[@]}"; do
-    IFS=: read -r name pid log <<<"$entry"
-    wait "$pid" || rc=1
-    echo "=== $name"
-    cat "$log"
-    rm -f "$log"
-  done
-  _behind=()
-  return $rc
-}
-
-stop_behind() {
-  local entry name pid log
-  for entry in "${_behind[@]}"; do
-    IFS=: read -r name pid log <<<"$entry"
-    kill -TERM -- "-$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-    rm -f "$log"
-  done
-  _behind=()
 }
