@@ -21,11 +21,14 @@ void ComposedWork::set_restored(EventPtr restored) {
 }
 
 bool ComposedWork::isCompleted() {
-  // WorkNCCL::isCompleted() is where the engine checks its communicator for errors.
-  bool inner_done = true;
-  for (const auto& w : inner_) inner_done = w->isCompleted() && inner_done;
+  // Each inner work is still asked: WorkNCCL::isCompleted() is where the engine checks its communicator
+  // for errors. Its answer does not complete this work: the result completes from the inner works'
+  // futures, and the restore's event follows the inner collectives on the device; gloo marks its work
+  // completed only after its future's callbacks (this work's restore) ran (ProcessGroupGloo.cpp,
+  // AsyncWork::finishWorkGloo), so a caller whose future wait() returned could see it not completed.
+  for (const auto& w : inner_) w->isCompleted();
   if (exception()) return true;
-  if (!inner_done || !result_->completed()) return false;
+  if (!result_->completed()) return false;
   std::lock_guard<std::mutex> lock(mutex_);
   return restored_ && restored_->query();
 }

@@ -5,7 +5,8 @@
 //   the group, in the order it was queued (one worker here; gloo's two run on separate contexts);
 // - AsyncWork::execute: the worker runs it, then completes the work's future on itself
 //   (finishWorkGloo / finishWorkGlooError), so a C++ callback added to that future runs on the
-//   worker, with the worker's own thread-local state (grad mode on);
+//   worker, with the worker's own thread-local state (grad mode on), and before the work itself
+//   is marked completed (finish(), after the future's callbacks ran);
 // - ~ProcessGroupGloo: waits until the queue is empty, then stops and joins the workers; a
 //   destructor that runs on a worker would join itself (std::system_error, then terminate);
 // - a collective whose peers do not come fails at the op's timeout, and one whose peer's group is
@@ -56,6 +57,16 @@ class GlooDoubleWork : public c10d::Work {
   }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
+
+  // As finishWorkGloo and finishWorkGlooError: the future first, then the work's own flag.
+  void complete() {
+    future_->markCompleted(c10::IValue(outputs_));
+    finish();
+  }
+  void fail(std::exception_ptr error) {
+    future_->setError(error);
+    finish(error);
+  }
 
   const std::vector<at::Tensor> outputs_;
   const c10::intrusive_ptr<c10::ivalue::Future> future_;
@@ -154,9 +165,9 @@ class GlooDouble : public c10d::Backend {
       lock.unlock();
       try {
         op.compute(exchange(op));
-        op.work->future_->markCompleted(c10::IValue(op.work->outputs_));
+        op.work->complete();
       } catch (...) {
-        op.work->future_->setError(std::current_exception());
+        op.work->fail(std::current_exception());
       }
       op = Op{};  // the work, its tensors and closure are released on the worker, as gloo's are
       lock.lock();

@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <algorithm>
+#include <future>
 #include <optional>
 
 #include "backend/composed/composed_path.h"
@@ -524,6 +525,31 @@ TEST(StreamOrder, TheFutureCompletesOnTheStreamTheRestoreRanOn) {
   ASSERT_EQ(rig.device->completed_on.size(), 2u);
   EXPECT_EQ(rig.device->completed_on[0], rig.device->side_stream()) << "asynchronous";
   EXPECT_EQ(rig.device->completed_on[1], caller) << "synchronous";
+}
+
+// gloo completes a work's future, running its callbacks (the composition's restore, which completes the
+// composed future and runs its callbacks), before it marks its own work completed (the double copies
+// AsyncWork::finishWorkGloo). A caller whose future completed must find the composed work completed.
+TEST(Composition, AWorkIsCompletedWhenItsFutureIsThoughTheEnginesWorkIsNotYet) {
+  auto fabric = std::make_shared<cnccl::testing::Fabric>(2);
+  auto engine = c10::make_intrusive<cnccl::testing::GlooDouble>(fabric, 0);
+  auto peer = c10::make_intrusive<cnccl::testing::GlooDouble>(fabric, 1);
+  Composition composition(Engine{engine, "gloo"}, make_cpu_device(), base_config(), nullptr, 0, 2);
+  const at::Tensor x = values(4096);
+  std::vector<at::Tensor> ts{x.clone()};
+  auto work = composition.allreduce(ts, c10d::AllreduceOptions{});
+  ASSERT_FALSE(work->getFuture()->completed()) << "the peer has not posted yet";
+  std::promise<bool> completed_in_callback;
+  work->getFuture()->addCallback(
+      [&, w = work.get()](c10::ivalue::Future&) { completed_in_callback.set_value(w->isCompleted()); });
+  // The peer's half of the same engine call: the 16-bit wire's values, as the composition cast them.
+  std::vector<at::Tensor> peer_ts{x.to(at::kHalf)};
+  auto peer_work = peer->allreduce(peer_ts, c10d::AllreduceOptions{});
+  EXPECT_TRUE(completed_in_callback.get_future().get()) << "the future completed, the work did not";
+  work->wait();
+  peer_work->wait();
+  EXPECT_TRUE(work->isCompleted());
+  EXPECT_TRUE(at::allclose(ts[0], x * 2, 1e-2, 1e-2));
 }
 
 TEST(Composition, EngineFailureIsADistBackendErrorAndLeavesTheTensor) {
