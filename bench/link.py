@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -271,9 +272,25 @@ def table(hosts, per_host, gbit, rows, trials, transport):
     return "\n".join(lines)
 
 
+class Goal(NamedTuple):
+    """A goal of GOALS, and what its run measured: value to cores_s are None where its configuration did not run."""
+    what: str
+    hosts: int
+    per_host: int
+    gbit: float
+    size: int
+    wire: str
+    need: object  # the ratio to gloo fp32 it must reach (where it did not run: GOALS' target)
+    value: float = None  # the measured ratio to gloo fp32
+    fill: float = None
+    met: bool = None
+    seconds: float = None  # measured, the scale model's, the link's bound, the cores' bound
+    model_s: float = None
+    bound_s: float = None
+    cores_s: float = None
+
+
 def goals(results):
-    """(what, measured ratio to gloo fp32, the ratio it must reach, fill, met, and its seconds: measured, the
-    scale model's, the link's bound, the cores' bound)"""
     out = []
     for hosts, per_host, gbit, size, wire, target in GOALS:
         rows = results.get(f"{hosts}x{per_host}x{gbit:g}")
@@ -281,12 +298,13 @@ def goals(results):
         what = f"{hosts} hosts x {per_host}, {gbit:g} Gbit/s, {label(size)}, cnccl {wire} vs gloo fp32"
         if isinstance(target, str):
             what += f" (at least flat {target}'s)"
+        goal = (what, hosts, per_host, gbit, size, wire)
         if row is None or wire not in row["ratio"] or (isinstance(target, str) and target not in row["ratio"]):
-            out.append((what, None, target, None, None, None, None, None, None))  # its configuration did not run
+            out.append(Goal(*goal, target))
             continue
         need = row["ratio"][target] if isinstance(target, str) else target
-        out.append((what, row["ratio"][wire], need, row["fill"][wire], row["ratio"][wire] >= need,
-                    row["seconds"][wire], row["model_s"][wire], row["bound_s"][wire], row["cores_s"][wire]))
+        out.append(Goal(*goal, need, row["ratio"][wire], row["fill"][wire], row["ratio"][wire] >= need,
+                        row["seconds"][wire], row["model_s"][wire], row["bound_s"][wire], row["cores_s"][wire]))
     return out
 
 
@@ -307,12 +325,13 @@ def docs_section(data):
              "burst of 1 ms of the rate through at once).", ""]
     lines += ["| goal | measured | target | fill | ms: measured / model / link / cores | |",
               "|---|---|---|---|---|---|"]
-    for name, value, target, fill, met, t, model, link_s, cores_s in goals(res):
-        if value is None:
-            lines.append(f"| {cell(name)} | | {target} | | | not run |")
+    for g in goals(res):
+        if g.value is None:
+            lines.append(f"| {cell(g.what)} | | {g.need} | | | not run |")
             continue
-        lines.append(f"| {cell(name)} | {value:.2f}x | >= {target:.2f}x | {fill:.2f} | {t * 1e3:.0f} / {model * 1e3:.0f} / "
-                     f"{link_s * 1e3:.0f} / {cores_s * 1e3:.0f} | {'met' if met else 'not met'} |")
+        lines.append(f"| {cell(g.what)} | {g.value:.2f}x | >= {g.need:.2f}x | {g.fill:.2f} | {g.seconds * 1e3:.0f} / "
+                     f"{g.model_s * 1e3:.0f} / {g.bound_s * 1e3:.0f} / {g.cores_s * 1e3:.0f} | "
+                     f"{'met' if g.met else 'not met'} |")
     misses, cells = model_misses(res)
     large = [m for m in misses if m[1] in ("16M", "64M")]
     large_cells = sum(1 for rows in res.values() for row in rows if label(row["bytes"]) in ("16M", "64M")
@@ -403,13 +422,13 @@ def main():
         finally:
             nodes.close()
     data = {"machine": machine(), "trials": args.trials, "results": results}
-    for name, value, target, fill, met, t, model, link_s, cores_s in goals(results):
-        if value is None:
-            print(f"{name}: not run (its configuration was not in this run's --hosts/--rates/--sizes/--wires)")
+    for g in goals(results):
+        if g.value is None:
+            print(f"{g.what}: not run (its configuration was not in this run's --hosts/--rates/--sizes/--wires)")
             continue
-        print(f"{name}: {value:.2f}x (goal >= {target:.2f}x, fill {fill:.2f}; ms: {t * 1e3:.1f}, "
-              f"model {model * 1e3:.1f}, "
-              f"link {link_s * 1e3:.1f}, cores {cores_s * 1e3:.1f}): {'met' if met else 'NOT MET'}")
+        print(f"{g.what}: {g.value:.2f}x (goal >= {g.need:.2f}x, fill {g.fill:.2f}; ms: {g.seconds * 1e3:.1f}, "
+              f"model {g.model_s * 1e3:.1f}, link {g.bound_s * 1e3:.1f}, cores {g.cores_s * 1e3:.1f}): "
+              f"{'met' if g.met else 'NOT MET'}")
     misses, cells = model_misses(results)
     print(f"scale model within 20% in {cells - len(misses)} of {cells} cells; misses: " +
           "; ".join(f"{k} {size} {n} {t * 1e3:.1f} ms (model {m * 1e3:.1f})" for k, size, n, t, m in misses))

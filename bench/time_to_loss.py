@@ -40,6 +40,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "python"))
@@ -294,14 +295,29 @@ def summarize(result, gbit, steps):
     return out
 
 
+class Goal(NamedTuple):
+    """A goal, what its run measured (value and met None where its configuration did not run) and which it is."""
+    what: str
+    value: float
+    goal: str  # `limit`, as printed
+    met: bool
+    kind: str  # "time": the time to gloo fp32's final loss over gloo's; "loss": the final loss's distance from gloo's
+    hosts: int
+    per_host: int
+    gbit: float
+    wire: str
+    limit: float
+
+
 def goals(summaries):
-    """(what, measured, goal, met): time-to-loss ratios, then final losses against gloo fp32's spread."""
+    """Time-to-loss ratios, then final losses against gloo fp32's spread."""
     out = []
     for per_host, gbit, wire, most in GOALS:
         s = summaries.get(f"2x{per_host}x{gbit:g}", {}).get(wire)
         what = f"2 hosts x {per_host}, {gbit:g} Gbit/s: cnccl {wire}'s time to gloo fp32's final loss, over gloo's"
         value = statistics.mean(s["time_ratio"]) if s else None
-        out.append((what, value, f"<= {most:g}x", None if s is None else value <= most))
+        out.append(Goal(what, value, f"<= {most:g}x", None if s is None else value <= most, "time", 2, per_host, gbit,
+                        wire, most))
     for key, runs in summaries.items():
         mean, sd = runs[GLOO]["final_loss"]
         for wire in SAME_LOSS:
@@ -310,9 +326,10 @@ def goals(summaries):
             m, d = runs[wire]["final_loss"]
             # The seeds' spread: two of gloo fp32's standard deviations over its seeds about its mean.
             hosts, per_host, gbit = key.split("x")
-            out.append((f"{hosts} hosts x {per_host}, {gbit} Gbit/s: cnccl {wire}'s final "
-                        f"loss {m:.3f} ± {d:.3f}, gloo fp32's {mean:.3f} ± {sd:.3f}", abs(m - mean),
-                        f"<= {2 * sd:.3f}", abs(m - mean) <= 2 * sd))
+            out.append(Goal(f"{hosts} hosts x {per_host}, {gbit} Gbit/s: cnccl {wire}'s final "
+                            f"loss {m:.3f} ± {d:.3f}, gloo fp32's {mean:.3f} ± {sd:.3f}", abs(m - mean),
+                            f"<= {2 * sd:.3f}", abs(m - mean) <= 2 * sd, "loss", int(hosts), int(per_host), float(gbit),
+                            wire, 2 * sd))
     return out
 
 
@@ -379,11 +396,11 @@ def report(data):
     summaries = {k: summarize(r, float(k.split("x")[2]), data["steps"]) for k, r in data["results"].items()}
     for key, summary in summaries.items():
         print(table(key, summary, range(data["seeds"])) + "\n")
-    for what, value, goal, met in goals(summaries):
-        if value is None:
-            print(f"{what}: not run (its configuration was not in this run)")
+    for g in goals(summaries):
+        if g.value is None:
+            print(f"{g.what}: not run (its configuration was not in this run)")
         else:
-            print(f"{what}: {value:.3f} (goal {goal}): {'met' if met else 'NOT MET'}")
+            print(f"{g.what}: {g.value:.3f} (goal {g.goal}): {'met' if g.met else 'NOT MET'}")
     return summaries
 
 
@@ -399,7 +416,7 @@ def readme_section(data, summaries):
              f"gloo fp32's, mean of {data['seeds']} seeds (the loss on held-out text; lower is better; \"+N\": it needed N steps past gloo's "
              f"{data['steps']}). Regenerate with `sudo python3 bench/time_to_loss.py --readme` (about 40 minutes); "
              "method and what bounds each run: [docs/benchmarks.md](docs/benchmarks.md), \"Time to a loss\".", "",
-             "| hosts x ranks, link | " + " | ".join(names.get(r, "cnccl " + r) for r in runs) + " |",
+             "| hosts x ranks, link | " + " | ".join(link.cell(names.get(r, "cnccl " + r)) for r in runs) + " |",
              "|---" * (len(runs) + 1) + "|"]
     for key, summary in summaries.items():
         hosts, per_host, gbit = key.split("x")
@@ -410,8 +427,8 @@ def readme_section(data, summaries):
                 continue
             ratio, extra = statistics.mean(summary[run]["time_ratio"]), summary[run]["extra_steps"]
             cells.append("not reached" if None in extra else f"{ratio:.2f}x" + (f" (+{max(extra)})" if max(extra) else ""))
-        lines.append(f"| {hosts} x {per_host}, {gbit} Gbit/s | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines).replace("cnccl fp16|mxfp8", "cnccl fp16 \\| mxfp8")
+        lines.append(f"| {hosts} x {per_host}, {gbit} Gbit/s | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def docs_section(data, summaries):
@@ -425,10 +442,10 @@ def docs_section(data, summaries):
         lines += [table(key, summary, range(data["seeds"])), ""]
     lines[-1] = "```"
     lines += ["", "| goal | measured | target | |", "|---|---|---|---|"]
-    for what, value, goal, met in goals(summaries):
-        shown = "not run" if value is None else f"{value:.3f}"
-        lines.append(f"| {what.replace('|', chr(92) + '|')} | {shown} | {goal} | "
-                     f"{'' if value is None else 'met' if met else 'not met'} |")
+    for g in goals(summaries):
+        shown = "not run" if g.value is None else f"{g.value:.3f}"
+        lines.append(f"| {link.cell(g.what)} | {shown} | {g.goal} | "
+                     f"{'' if g.value is None else 'met' if g.met else 'not met'} |")
     return "\n".join(lines)
 
 
