@@ -24,7 +24,8 @@ std::string describe(const at::Tensor& t, const Plan& plan, RedOp op) {
          (plan.stochastic ? ", stochastic rounding seed " + std::to_string(plan.sr_seed) : "") +
          (plan.framed ? (compress::is_mx(plan.wire)
                              ? ", MX blocks (" + std::string(compress::mx_scale_name(plan.mx_scale)) + " scales)"
-                             : ", pow2 frames")
+                         : plan.wire == compress::Wire::kNvfp4 ? std::string(", NVFP4 blocks")
+                                                               : ", pow2 frames")
                       : "");
 }
 std::string with_root(std::string what, int64_t root) { return what + ", root " + std::to_string(root); }

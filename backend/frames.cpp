@@ -1,6 +1,7 @@
 #include "backend/frames.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,12 +18,17 @@ namespace {
 
 constexpr int64_t kHeaderBytes = 4;
 constexpr int kMaxExponent = compress::formats::kMaxFrameExponent;
+constexpr auto kNvfp4 = compress::Wire::kNvfp4;
 
-// An MX frame is its blocks alone: each carries its own scale.
-int64_t header_bytes(compress::Wire wire) { return compress::is_mx(wire) ? 0 : kHeaderBytes; }
+// An MX frame is its blocks alone: each carries its own scale. An NVFP4 frame's header is a block's
+// size, so that a frame cuts into whole blocks (nv_header_bytes).
+int64_t header_bytes(compress::Wire wire) {
+  return compress::is_mx(wire) ? 0 : wire == kNvfp4 ? nv_header_bytes() : kHeaderBytes;
+}
 
 int64_t payload_bytes(int64_t count, compress::Wire wire) {
   if (compress::is_mx(wire)) return int64_t(compress::mx_bytes(size_t(count), wire));
+  if (wire == kNvfp4) return int64_t(compress::nv_bytes(size_t(count)));
   return count * int64_t(compress::wire_bytes(wire));
 }
 
@@ -71,6 +77,17 @@ std::pair<std::vector<const void*>, std::vector<float>> decoding(const uint8_t* 
   return {payloads, scales};
 }
 
+// Where each received NVFP4 frame's run starts, and its part scale (checked: nv_header).
+std::pair<std::vector<const uint8_t*>, std::vector<float>> nv_decoding(const uint8_t* const* frames, int64_t ranks) {
+  std::vector<const uint8_t*> runs;
+  std::vector<float> parts;
+  for (int64_t r = 0; r < ranks; ++r) {
+    runs.push_back(frames[r] + nv_header_bytes());
+    parts.push_back(nv_header(frames[r], r));
+  }
+  return {runs, parts};
+}
+
 template <typename T>
 void encode_row(const T* x, int64_t count, float scale, compress::Wire wire, uint8_t* frame) {
   const int32_t k = exponent_of_row(x, count, scale, wire);
@@ -89,12 +106,13 @@ at::ScalarType wire_dtype(compress::Wire wire) {
     case compress::Wire::kBf16: return at::kBFloat16;
     case compress::Wire::kE4m3: case compress::Wire::kMxfp8: return at::kFloat8_e4m3fn;
     case compress::Wire::kE5m2: case compress::Wire::kMxfp8E5m2: return at::kFloat8_e5m2;
-    case compress::Wire::kMxfp4: return at::kByte;  // two e2m1 elements a byte
+    case compress::Wire::kMxfp4: case compress::Wire::kNvfp4: return at::kByte;  // two e2m1 elements a byte
   }
   TORCH_CHECK(false, "cnccl: unknown wire format");
 }
 
 int64_t frame_bytes(int64_t count, compress::Wire wire) {
+  if (wire == kNvfp4) return (header_bytes(wire) + payload_bytes(count, wire) + 3) / 4 * 4;
   return header_bytes(wire) + (payload_bytes(count, wire) + 3) / 4 * 4;
 }
 
@@ -128,6 +146,14 @@ void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, co
       });
       continue;
     }
+    if (wire == kNvfp4) {
+      with_wide_data(static_cast<const char*>(x.const_data_ptr()), x.scalar_type(), [&](const auto* row) {
+        const float part = compress::nv_part_scale(row, size_t(len), float(scale));
+        write_nv_header(part, frame);
+        compress::nv_encode(row, size_t(len), size_t(count), float(scale), part, frame + nv_header_bytes());
+      });
+      continue;
+    }
     const int64_t width = int64_t(compress::wire_bytes(wire));
     if (len < count) std::memset(frame + kHeaderBytes + len * width, 0, size_t((count - len) * width));
     with_wide_data(static_cast<const char*>(x.const_data_ptr()), x.scalar_type(),
@@ -143,6 +169,11 @@ at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::W
   for (const auto& f : frames) in.push_back(f.const_data_ptr<uint8_t>());
   if (compress::is_mx(wire)) {
     compress::mx_sum(in.data(), in.size(), out.mutable_data_ptr<float>(), size_t(count), wire);
+    return out;
+  }
+  if (wire == kNvfp4) {
+    const auto [runs, parts] = nv_decoding(in.data(), int64_t(in.size()));
+    compress::nv_sum(runs.data(), parts.data(), in.size(), out.mutable_data_ptr<float>(), size_t(count));
     return out;
   }
   const auto [payloads, scales] = decoding(in.data(), int64_t(in.size()));
@@ -164,6 +195,13 @@ void sum_encode(const at::Tensor& frames, int64_t count, compress::Wire wire, co
   const int64_t filled = header_bytes(wire) + payload_bytes(count, wire);
   if (out.numel() > filled) std::memset(dst + filled, 0, size_t(out.numel() - filled));
   if (compress::is_mx(wire)) return compress::mx_sum_encode(in.data(), in.size(), size_t(count), wire, mx_scale, dst);
+  if (wire == kNvfp4) {
+    // The headers are read before any byte of `out` is written, and its own header after the blocks.
+    const auto [runs, parts] = nv_decoding(in.data(), int64_t(in.size()));
+    const float part = compress::nv_sum_encode(runs.data(), parts.data(), in.size(), size_t(count),
+                                               dst + nv_header_bytes());
+    return write_nv_header(part, dst);
+  }
   // Twice through the frames a piece at a time: the sums' amax, then the sums again, cast with the
   // exponent it gives. A piece's values are read before its bytes of `out` are written, so `out` may be
   // one of the frames.
@@ -215,6 +253,16 @@ void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, doubl
                              size_t(std::min(count, n - first)), post, wire);
       }
     });
+  } else if (wire == kNvfp4) {
+    // Every row's header is checked before any row is written: a bad one leaves dst as it was.
+    std::vector<float> parts;
+    for (int64_t r = 0; r * count < n; ++r) parts.push_back(nv_header(f[r].const_data_ptr<uint8_t>(), r));
+    with_wide_data(out, [&](auto* y) {
+      for (int64_t r = 0, first = 0; first < n; ++r, first += count) {
+        compress::nv_restore(f[r].const_data_ptr<uint8_t>() + nv_header_bytes(), size_t(count), parts[size_t(r)],
+                             y + first, size_t(std::min(count, n - first)), post);
+      }
+    });
   } else {
     // Every row's exponent is checked before any row is written: a bad one leaves dst as it was.
     std::vector<float> scales;
@@ -239,13 +287,32 @@ void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, doubl
 
 int64_t payload_offset(compress::Wire wire) { return header_bytes(wire); }
 
+int64_t nv_header_bytes() { return int64_t(compress::nv_bytes(compress::kNvBlock)); }
+
+void write_nv_header(float part, uint8_t* dst) {
+  std::memcpy(dst, &part, sizeof part);
+  std::memset(dst + sizeof part, 0, size_t(nv_header_bytes()) - sizeof part);
+}
+
+float nv_header(const uint8_t* frame, int64_t sender) {
+  float part;
+  std::memcpy(&part, frame, sizeof part);
+  // Only this code writes frames: compress::nv_part_scale's values lie in [2^-120, FLT_MAX / 2688].
+  if (!(part >= compress::nv_part_scale(0.0f) && part <= compress::nv_part_scale(FLT_MAX))) {
+    throw errors::backend_error("cnccl: the NVFP4 frame from rank " + std::to_string(sender) +
+                                " carries the part scale " + std::to_string(part) + ", outside [2^-120, 2^128 / 2688]: " +
+                                "the peer sent corrupt data or runs another version of cnccl");
+  }
+  return part;
+}
+
 int32_t row_exponent(const at::Tensor& row, double scale, compress::Wire wire) {
   return row_exponent(std::vector<at::Tensor>{row}, scale, wire);
 }
 
 int32_t row_exponent(const std::vector<at::Tensor>& pieces, double scale, compress::Wire wire) {
   const compress::GradualUnderflow exact;
-  TORCH_CHECK(!compress::is_mx(wire) && !pieces.empty(), "cnccl: row_exponent takes the rows of a power-of-two frame");
+  TORCH_CHECK(!compress::is_blocks(wire) && !pieces.empty(), "cnccl: row_exponent takes the rows of a power-of-two frame");
   for (const auto& p : pieces) {
     TORCH_CHECK(p.is_cpu() && p.is_contiguous() && p.scalar_type() == pieces[0].scalar_type(),
                 "cnccl: row_exponent takes contiguous CPU pieces of one dtype");
@@ -269,7 +336,7 @@ int32_t row_exponent(const std::vector<at::Tensor>& pieces, double scale, compre
 
 int32_t sum_exponent(float amax, const at::Tensor& sums, compress::Wire wire) {
   const compress::GradualUnderflow exact;
-  TORCH_CHECK(sums.is_cpu() && sums.is_contiguous() && sums.scalar_type() == at::kFloat && !compress::is_mx(wire),
+  TORCH_CHECK(sums.is_cpu() && sums.is_contiguous() && sums.scalar_type() == at::kFloat && !compress::is_blocks(wire),
               "cnccl: sum_exponent takes the contiguous fp32 sums of a power-of-two frame");
   return exponent_of_amax(amax, sums.const_data_ptr<float>(), sums.numel(), 1.0f, wire);
 }

@@ -55,6 +55,17 @@ void sum_encode(const at::Tensor& frames, int64_t count, compress::Wire wire, co
 // in dst's precision as compress::restore does.
 void restore(const at::Tensor& frames, int64_t count, compress::Wire wire, double post_scale, const at::Tensor& dst);
 
+// --- An NVFP4 frame (compress::nv_encode) is a header, the part scale P as fp32 bits then zeros up to a
+// block's bytes, followed by the part's run of blocks, padded to 4 bytes. encode() takes P from the row
+// (compress::nv_part_scale), sum_encode() from the sums, and `mx_scale` means nothing to it.
+
+// The header's bytes: one block's (16 elements: 9 bytes), so that a frame cuts into whole blocks.
+int64_t nv_header_bytes();
+void write_nv_header(float part, uint8_t* dst);
+// The part scale in the header of rank `sender`'s frame; one that nv_part_scale cannot give throws a
+// DistBackendError naming the rank.
+float nv_header(const uint8_t* frame, int64_t sender);
+
 // --- A power-of-two frame in pieces, for the host path's pipelined reductions (the CPU kernels).
 // A piece is bytes [from, from + len) of a frame, cut at multiples of the wire's element bytes (the
 // 4-byte header is whole elements of every wire). Piece by piece, these write and add the bits

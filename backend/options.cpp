@@ -120,6 +120,9 @@ void check_levels(const Config& c) {
                     "level's wire; got accumulate=", c.accumulate_name());
   TORCH_CHECK_VALUE(c.rounding == Rounding::kNearest, "cnccl: ", both, " do not yet combine with rounding=sr ",
                     "(CNCCL_ROUNDING / Options.rounding); use rounding=rne");
+  TORCH_CHECK_VALUE(c.wire != compress::Wire::kNvfp4 && c.wire_across() != compress::Wire::kNvfp4, "cnccl: ", both,
+                    ": nvfp4 does not yet travel as one level of a wire per level; use it as the one wire ",
+                    "(no inter_host_wire), or mxfp4 per level");
 }
 
 }  // namespace
@@ -140,9 +143,10 @@ std::optional<compress::Wire> parse_wire(const std::string& value, const char* s
   if (v == "mxfp8") return compress::Wire::kMxfp8;
   if (v == "mxfp8_e5m2") return compress::Wire::kMxfp8E5m2;
   if (v == "mxfp4") return compress::Wire::kMxfp4;
+  if (v == "nvfp4") return compress::Wire::kNvfp4;
   if (v == "none") return std::nullopt;
   TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value,
-                    "' is not valid; allowed: fp16, bf16, e4m3, e5m2, mxfp8, mxfp8_e5m2, mxfp4, none");
+                    "' is not valid; allowed: fp16, bf16, e4m3, e5m2, mxfp8, mxfp8_e5m2, mxfp4, nvfp4, none");
 }
 
 Options::Options(std::chrono::milliseconds timeout) : c10d::Backend::Options("cnccl", timeout) {}
@@ -191,14 +195,15 @@ Config Options::resolve() const {
   if (mx_scale) c.mx_scale = parse_mx_scale(*mx_scale, "Options.mx_scale");
   if (inter_host_wire) c.inter_host_wire = parse_wire(*inter_host_wire, "Options.inter_host_wire");
   check_levels(c);
-  // MX first, naming everything it needs at once: the general rules below would each name one of them.
-  const bool mx = c.wire && compress::is_mx(*c.wire);
-  TORCH_CHECK_VALUE(!mx || (c.accumulate == Accumulate::kFp32 && c.scaling == Scaling::kNone &&
-                            c.rounding == Rounding::kNearest),
+  // Blocks first, naming everything they need at once: the general rules below would each name one of them.
+  const bool blocks = c.wire && compress::is_blocks(*c.wire);
+  TORCH_CHECK_VALUE(!blocks || (c.accumulate == Accumulate::kFp32 && c.scaling == Scaling::kNone &&
+                                c.rounding == Rounding::kNearest),
                     "cnccl: wire_dtype=", c.wire_name(), " (CNCCL_WIRE_DTYPE / Options.wire_dtype) needs accumulate=fp32, "
                     "scaling=none and rounding=rne (CNCCL_ACCUMULATE, CNCCL_SCALING, CNCCL_ROUNDING / Options): "
-                    "the owner decodes every block of 32, which carries its own power of two and rounds to nearest "
-                    "even (OCP MX v1.0); got accumulate=", c.accumulate_name(), ", scaling=", c.scaling_name(),
+                    "the owner decodes every block, which carries its own scale", (compress::is_mx(*c.wire) ?
+                    " (a power of two, OCP MX v1.0)" : " (e4m3, under the part's fp32 scale)"), " and rounds to nearest "
+                    "even; got accumulate=", c.accumulate_name(), ", scaling=", c.scaling_name(),
                     ", rounding=", c.rounding_name());
   // With wire accumulation the engine's own 16-bit adds round to nearest: only the casts could be
   // stochastic, which is not what `sr` promises.

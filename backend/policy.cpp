@@ -68,9 +68,9 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
   Plan plan;
   const bool wide_float = dtype == at::kFloat || (dtype == at::kDouble && config.compress_fp64);
   const bool sum_like = op == RedOp::SUM || op == RedOp::AVG || op == RedOp::PREMUL_SUM;
-  // An 8-bit or MX wire is a sum's frames only: MIN and MAX go on as they are.
+  // An 8-bit or block wire is a sum's frames only: MIN and MAX go on as they are.
   const bool frames_only = config.wire && (*config.wire == compress::Wire::kE4m3 ||
-                                           *config.wire == compress::Wire::kE5m2 || compress::is_mx(*config.wire));
+                                           *config.wire == compress::Wire::kE5m2 || compress::is_blocks(*config.wire));
   const bool compressible_op = sum_like || (!frames_only && (op == RedOp::MIN || op == RedOp::MAX));
   plan.compress = config.wire.has_value() && wide_float && compressible_op && nbytes >= config.min_bytes;
   if (plan.compress) plan.wire = *config.wire;
@@ -92,7 +92,7 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
   plan.fp32_sum = plan.compress && sum_like && config.accumulate == Accumulate::kFp32;
   plan.stochastic = plan.fp32_sum && config.rounding == Rounding::kStochastic;
   plan.sr_seed = config.sr_seed;
-  plan.framed = plan.fp32_sum && (config.scaling == Scaling::kPow2 || compress::is_mx(plan.wire));
+  plan.framed = plan.fp32_sum && (config.scaling == Scaling::kPow2 || compress::is_blocks(plan.wire));
   plan.mx_scale = config.mx_scale;
   if (config.per_level() && wide_float && sum_like && nbytes >= config.min_bytes) {
     plan.per_level = plan.compress = plan.fp32_sum = plan.framed = true;
@@ -121,6 +121,7 @@ Traffic traffic(const Plan& plan, int64_t numel, int64_t nbytes) {
   // Per level: what crosses hosts, where compression pays.
   if (plan.per_level && !plan.across) return {nbytes, numel * int64_t(sizeof(float)), true};
   if (compress::is_mx(plan.wire)) return {nbytes, int64_t(compress::mx_bytes(size_t(numel), plan.wire)), true};
+  if (plan.wire == compress::Wire::kNvfp4) return {nbytes, int64_t(compress::nv_bytes(size_t(numel))), true};
   return {nbytes, numel * int64_t(compress::wire_bytes(plan.wire)), true};
 }
 

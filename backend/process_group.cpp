@@ -167,6 +167,11 @@ c10d::Backend& ProcessGroupCNCCL::reducing_path_for(const at::Tensor& t, const c
                     config_.wire_across_name(), " (CNCCL_INTER_HOST_WIRE / Options.inter_host_wire) differs from ",
                     "wire_dtype=", config_.wire_name(), ", which applies to CPU tensors' host path only: on CUDA tensors ",
                     "NCCL decides the topology. Make CUDA tensors' reductions on a group without inter_host_wire");
+  // Only tensors the wire could carry: 16-bit and integer CUDA tensors never use it.
+  const bool wide = t.defined() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+  TORCH_CHECK_VALUE(!(wide && t.is_cuda() && config_.wire == compress::Wire::kNvfp4), "cnccl ", op,
+                    ": wire_dtype=nvfp4 (CNCCL_WIRE_DTYPE / Options.wire_dtype) has CPU kernels only, so far: CUDA ",
+                    "tensors' reductions cannot use it. Use mxfp4 for a 4-bit wire on CUDA tensors");
   c10d::Backend& path = path_for(t, op);
   if (&path != cpu_.get()) agree_on_cuda_settings();
   return path;

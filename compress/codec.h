@@ -20,14 +20,19 @@ namespace cnccl::compress {
 // infinities, and e5m2) travel only inside power-of-two frames (backend/frames.h), which encode
 // them with torch's own fp8 conversions; passing one to a kernel here is a bug. The MX formats
 // (OCP Microscaling v1.0) travel only as blocks (mx_encode below): MXFP8 with e4m3 elements
-// (kMxfp8) or e5m2 ones, MXFP4 with e2m1 elements, two a byte.
-enum class Wire : uint8_t { kFp16, kBf16, kE4m3, kE5m2, kMxfp8, kMxfp8E5m2, kMxfp4 };
+// (kMxfp8) or e5m2 ones, MXFP4 with e2m1 elements, two a byte. NVFP4 (kNvfp4) travels as blocks of 16
+// e2m1 elements under an e4m3 scale each and one fp32 scale a part (nv_encode below).
+enum class Wire : uint8_t { kFp16, kBf16, kE4m3, kE5m2, kMxfp8, kMxfp8E5m2, kMxfp4, kNvfp4 };
 
 CNCCL_HOST_DEVICE bool is_mx(Wire wire) {
   return wire == Wire::kMxfp8 || wire == Wire::kMxfp8E5m2 || wire == Wire::kMxfp4;
 }
 
-// Bytes of one element on the wire, for the formats that are not MX.
+// The wires whose blocks carry their own scales: what the owner decodes before it adds, and what has no
+// meaning for MIN or MAX.
+CNCCL_HOST_DEVICE bool is_blocks(Wire wire) { return is_mx(wire) || wire == Wire::kNvfp4; }
+
+// Bytes of one element on the wire, for the formats that are not blocks.
 CNCCL_HOST_DEVICE size_t wire_bytes(Wire wire) { return wire == Wire::kFp16 || wire == Wire::kBf16 ? 2 : 1; }
 
 // What a cast met, counted when the caller asks (cnccl.stats(): docs/design.md, "Telemetry"):
@@ -191,5 +196,39 @@ void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxSc
 // the run of `count` at src.
 void mx_restore(const uint8_t* src, size_t count, float* dst, size_t n, float post, Wire wire);
 void mx_restore(const uint8_t* src, size_t count, double* dst, size_t n, float post, Wire wire);
+
+// NVFP4 blocks on the CPU (cpu_nvfp4.cpp; docs/design.md, "NVFP4 blocks"), torchao's nvfp4_quantize with a
+// per-tensor scale, the tensor being a part. A run of n values is ceil(n / 16) blocks of 16, the last one
+// short; its bytes (nv_bytes) are the blocks' e4m3 scale codes, then the e2m1 elements, two a byte (element
+// 2j in the low nibble, an odd count's last high nibble zero). With v = src[i] * scale (formed as cast()
+// forms it) and the part's scale P (nv_part_scale), a block whose values are all finite, m its largest |v|:
+//   S = e4m3(clamp(fl(fl(m / 6) / P), 2^-6, 448)), rounded to nearest even;
+//   element = e2m1(clamp(fl(v * fl(fl(1 / P) / S)), -6, 6)), rounded to nearest even (e2m1_code's ties);
+// it decodes to fl(e2m1 * fl(P * S)). A block with a value that is not finite has the scale code 0x7F
+// (e4m3's NaN) and zero elements: it decodes to NaN.
+inline constexpr size_t kNvBlock = 16;
+size_t nv_bytes(size_t n);
+// P = max(fl(a / 2688), 2^-120) for a the largest finite |src[i] * scale| (0 for none): the largest
+// block's scale lands at 448 = 2688 / 6, and the floor keeps fl(1 / P) / S finite for a part of zeros or
+// of values below 2^-108.
+float nv_part_scale(float amax);
+float nv_part_scale(const float* src, size_t n, float scale);
+float nv_part_scale(const double* src, size_t n, float scale);
+// Writes the nv_bytes(count) of a run of `count` values, the n <= count of src and then +0s, under the
+// part scale `part`.
+void nv_encode(const float* src, size_t n, size_t count, float scale, float part, uint8_t* dst);
+void nv_encode(const double* src, size_t n, size_t count, float scale, float part, uint8_t* dst);
+// dst[i] = ((decode(in[0])[i] + decode(in[1])[i]) + ...) + decode(in[k-1])[i] in fp32, in[r]'s part
+// scale parts[r]. Returns the largest finite |dst[i]| (0 for none), from which nv_part_scale gives the
+// sums' part scale.
+float nv_sum(const uint8_t* const* in, const float* parts, size_t k, float* dst, size_t n);
+// Writes the run nv_encode(sums, n, n, 1.0f, nv_part_scale(a), dst) writes, sums being nv_sum's of
+// in[0..k) and a the largest finite |sum|, and returns that part scale: an owner's sum encoded again, its
+// sums never in memory whole. Counts what the encoding meets into this thread's census, and takes no samples.
+float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size_t n, uint8_t* dst);
+// dst[i] = T(decode(src)[i]) * T(post) in dst's precision T, for the first n <= count values of the run
+// of `count` at src.
+void nv_restore(const uint8_t* src, size_t count, float part, float* dst, size_t n, float post);
+void nv_restore(const uint8_t* src, size_t count, float part, double* dst, size_t n, float post);
 
 }  // namespace cnccl::compress

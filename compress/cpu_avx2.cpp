@@ -758,12 +758,187 @@ void scaled_sum_f32(const void* const* in, const float* scales, size_t k, float*
   scalar_kernels().scaled_sum_f32(rest.data(), scales, k, dst + i, n - i, w);
 }
 
+// --- NVFP4 blocks (codec.h, "NVFP4 blocks"): the scalar block kernels of cpu_nvfp4.cpp on 8 lanes, two
+// vectors a block.
+
+// Eight blocks' scale codes and reciprocals fl(fl(1 / P) / S) at once, from their amaxes' bits (lanes):
+// S = e4m3(clamp(fl(fl(amax / 6) / P), 2^-6, 448)), a normal e4m3 value, so that its bits are the code's
+// shifted into place, rebiased.
+struct NvScales {
+  __m256i codes;
+  __m256 reciprocals;
+};
+inline NvScales nv_scales(__m256i amax, __m256 part, __m256 inverse, const Fp8Lanes& e4m3) {
+  const __m256 s = _mm256_min_ps(
+      _mm256_max_ps(_mm256_div_ps(_mm256_div_ps(_mm256_castsi256_ps(amax), _mm256_set1_ps(6.0f)), part),
+                    _mm256_set1_ps(0x1p-6f)),
+      _mm256_set1_ps(448.0f));
+  const __m256i codes = e4m3.codes_in_range(s);
+  const __m256 scale = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(codes, 20), _mm256_set1_epi32(120 << 23)));
+  return {codes, _mm256_div_ps(inverse, scale)};
+}
+
+// Two blocks' 32 values, scaled (v[0..2) the first's, v[2..4) the second's), as their 16 element bytes at
+// `out` under their reciprocals r0 and r1; counts the values past 7 into `saturated` (lanes of -1 each).
+inline void nv_encode_pair(const __m256* v, __m256 r0, __m256 r1, const Fp8Lanes& e2m1, __m256i& saturated,
+                           uint8_t* out) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256i c[4];
+  #pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    const __m256 q = _mm256_mul_ps(v[k], k < 2 ? r0 : r1);
+    const __m256 a = _mm256_and_ps(q, magnitude);
+    saturated = _mm256_add_epi32(saturated, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(7.0f), _CMP_GE_OQ)));
+    const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(q), 31), 3);
+    c[k] = _mm256_or_si256(e2m1.codes_in_range(_mm256_min_ps(a, _mm256_set1_ps(6.0f))), sign);
+  }
+  const __m256i bytes = bytes_of(c);
+  // Element 2j in the low nibble of byte j, 2j + 1 in its high nibble.
+  const __m256i pairs = _mm256_or_si256(_mm256_and_si256(bytes, _mm256_set1_epi16(0x000F)),
+                                        _mm256_and_si256(_mm256_srli_epi16(bytes, 4), _mm256_set1_epi16(0x00F0)));
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(pairs, pairs), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+}
+
+// Whole blocks, eight at a time: their maxima, scale codes and reciprocals as lanes of one vector, then
+// the elements two blocks a store; a block that is not finite is written over after; the rest (fewer than
+// eight) by the scalar kernel.
+void nv_encode_f32(const float* src, size_t count, float scale, float part, float inverse, uint8_t* scales,
+                   uint8_t* elements, Census* census) {
+  constexpr size_t kBlockBytes = kNvBlock / 2;
+  const Fp8Lanes e4m3(Wire::kE4m3), e2m1(Wire::kMxfp4);
+  const __m256 s = _mm256_set1_ps(scale), p = _mm256_set1_ps(part), inv = _mm256_set1_ps(inverse);
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF), finite_top = _mm256_set1_epi32(0x7F7FFFFF);
+  __m256i saturated = _mm256_setzero_si256();
+  uint64_t nonfinite = 0;
+  size_t b = 0;
+  // The per-lane saturation counters hold 2^31 - 1 each: at most 2^26 blocks between their sums.
+  auto drain = [&] {
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), saturated);
+    for (int32_t lane : lanes) census->saturated += uint64_t(uint32_t(-lane));
+    saturated = _mm256_setzero_si256();
+  };
+  // Block b + j's values, scaled, into v[0..2).
+  auto load = [&](size_t block, __m256* v) {
+    v[0] = _mm256_mul_ps(_mm256_loadu_ps(src + block * kNvBlock), s);
+    v[1] = _mm256_mul_ps(_mm256_loadu_ps(src + block * kNvBlock + 8), s);
+  };
+  for (; b + 8 <= count; b += 8) {
+    __m256 v[4];
+    __m256i m[8];
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      load(b + j, v);
+      m[j] = _mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(v[0]), magnitude),
+                              _mm256_and_si256(_mm256_castps_si256(v[1]), magnitude));
+    }
+    const __m256i amax = lane_maxima(m);
+    const NvScales lanes = nv_scales(amax, p, inv, e4m3);
+    const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(lanes.codes), _mm256_extracti128_si256(lanes.codes, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(scales + b), _mm_packus_epi16(words, words));
+    #pragma GCC unroll 4
+    for (int j = 0; j < 8; j += 2) {
+      load(b + j, v);  // again, from L1
+      load(b + j + 1, v + 2);
+      const __m256 r0 = _mm256_permutevar8x32_ps(lanes.reciprocals, _mm256_set1_epi32(j));
+      const __m256 r1 = _mm256_permutevar8x32_ps(lanes.reciprocals, _mm256_set1_epi32(j + 1));
+      nv_encode_pair(v, r0, r1, e2m1, saturated, elements + (b + j) * kBlockBytes);
+    }
+    const int bad = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(amax, finite_top)));
+    for (int j = 0; bad >> j; ++j) {
+      if (!(bad >> j & 1)) continue;
+      load(b + j, v);
+      for (int k = 0; k < 2; ++k) {
+        const __m256i a = _mm256_and_si256(_mm256_castps_si256(v[k]), magnitude);
+        nonfinite += uint64_t(popcount_lanes(_mm256_cmpgt_epi32(a, finite_top)));
+        // What nv_encode_pair counted of this block as saturated is taken back: the scalar kernel counts
+        // only its values that are not finite.
+        const __m256 q = _mm256_mul_ps(v[k], _mm256_permutevar8x32_ps(lanes.reciprocals, _mm256_set1_epi32(j)));
+        saturated = _mm256_sub_epi32(saturated, _mm256_castps_si256(_mm256_cmp_ps(
+            _mm256_and_ps(q, _mm256_castsi256_ps(magnitude)), _mm256_set1_ps(7.0f), _CMP_GE_OQ)));
+      }
+      __builtin_memset(elements + (b + j) * kBlockBytes, 0, kBlockBytes);
+      scales[b + j] = 0x7F;
+    }
+    if (census && (b / 8 + 1) % (size_t(1) << 23) == 0) drain();
+  }
+  if (census) {
+    drain();
+    census->nonfinite += nonfinite;
+  }
+  scalar_kernels().nv_encode_f32(src + b * kNvBlock, count - b, scale, part, inverse, scales + b,
+                                 elements + b * kBlockBytes, census);
+}
+
+// The 16 values of a block under the scale fl(P * S) (decode_block in cpu_nvfp4.cpp), into v[0..2); `e4m3`
+// the scale codes' values (fp8_values).
+inline void nv_block_values(uint8_t code, const uint8_t* elements, float part, const float* e4m3, __m256 magnitudes,
+                            __m256* v) {
+  const __m256 s = _mm256_set1_ps(part * e4m3[code]);
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(elements));
+  const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+  const __m128i codes = _mm_unpacklo_epi8(low, high);
+  #pragma GCC unroll 2
+  for (int k = 0; k < 2; ++k) {
+    const __m256i c = _mm256_cvtepu8_epi32(k ? _mm_srli_si128(codes, 8) : codes);
+    const __m256 magnitude = _mm256_permutevar8x32_ps(magnitudes, c);
+    const __m256 value = _mm256_or_ps(magnitude, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(c, 3), 31)));
+    v[k] = _mm256_mul_ps(value, s);
+  }
+}
+
+void nv_decode(const uint8_t* scales, const uint8_t* elements, size_t count, float part, float* out, MxDecodeOp op,
+               float post) {
+  const __m256 magnitudes = _mm256_loadu_ps(kE2m1Values), p = _mm256_set1_ps(post);
+  const float* e4m3 = fp8_values(Wire::kE4m3);
+  for (size_t b = 0; b < count; ++b) {
+    __m256 v[2];
+    nv_block_values(scales[b], elements + b * (kNvBlock / 2), part, e4m3, magnitudes, v);
+    for (int k = 0; k < 2; ++k) {
+      if (op == MxDecodeOp::kScale) v[k] = _mm256_mul_ps(v[k], p);
+      _mm256_storeu_ps(out + b * kNvBlock + 8 * k, v[k]);
+    }
+  }
+}
+
+// Every rank's block decoded and added in registers, as mx_sum, and the sums' largest finite magnitude
+// kept as lanes of bits (a value that is not finite counts as 0).
+float nv_sum(const uint8_t* const* scales, const uint8_t* const* elements, const float* parts, size_t k, size_t count,
+             float* out) {
+  if (k == 0) return 0.0f;
+  const __m256 magnitudes = _mm256_loadu_ps(kE2m1Values);
+  const float* e4m3 = fp8_values(Wire::kE4m3);
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF), finite_top = _mm256_set1_epi32(0x7F7FFFFF);
+  __m256i amax = _mm256_setzero_si256();
+  for (size_t b = 0; b < count; ++b) {
+    __m256 sum[2], v[2];
+    nv_block_values(scales[0][b], elements[0] + b * (kNvBlock / 2), parts[0], e4m3, magnitudes, sum);
+    for (size_t r = 1; r < k; ++r) {
+      nv_block_values(scales[r][b], elements[r] + b * (kNvBlock / 2), parts[r], e4m3, magnitudes, v);
+      sum[0] = _mm256_add_ps(sum[0], v[0]);
+      sum[1] = _mm256_add_ps(sum[1], v[1]);
+    }
+    for (int j = 0; j < 2; ++j) {
+      _mm256_storeu_ps(out + b * kNvBlock + 8 * j, sum[j]);
+      const __m256i a = _mm256_and_si256(_mm256_castps_si256(sum[j]), magnitude);
+      amax = _mm256_max_epu32(amax, _mm256_andnot_si256(_mm256_cmpgt_epi32(a, finite_top), a));
+    }
+  }
+  amax = _mm256_max_epu32(amax, _mm256_permute2x128_si256(amax, amax, 1));
+  amax = _mm256_max_epu32(amax, _mm256_shuffle_epi32(amax, 0x4E));
+  amax = _mm256_max_epu32(amax, _mm256_shuffle_epi32(amax, 0xB1));
+  return float_of(uint32_t(_mm256_cvtsi256_si32(amax)));
+}
+
 }  // namespace
 
 const CpuKernels* avx2_f16c_kernels() {
   static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add,
                                   cast_add_f32, sum, sum_f32, amax_f32, cast8_f32, restore8_f32,
-                                  scaled_sum_f32, mx_encode_f32, mx_decode, mx_sum};
+                                  scaled_sum_f32, mx_encode_f32, mx_decode, mx_sum, nv_encode_f32, nv_decode,
+                                  nv_sum};
   return &kernels;
 }
 

@@ -116,6 +116,7 @@ const char* wire_name(Wire wire) {
     case Wire::kMxfp8: return "mxfp8";
     case Wire::kMxfp8E5m2: return "mxfp8_e5m2";
     case Wire::kMxfp4: return "mxfp4";
+    case Wire::kNvfp4: return "nvfp4";
   }
   return "?";
 }

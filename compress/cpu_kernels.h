@@ -51,6 +51,19 @@ struct CpuKernels {
   // scales and elements at scales[r] and elements[r] (laid out as above).
   void (*mx_sum)(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t blocks, Wire wire,
                  float* out);
+  // NVFP4 blocks (cpu_nvfp4.cpp): `blocks` whole blocks of 16 values src[i] * scale under the part scale
+  // `part` (`inverse` = fl(1 / part)), their scale codes to scales[0..blocks) and their elements to
+  // `elements` (8 bytes a block); what the values met is counted into the census, if any.
+  void (*nv_encode_f32)(const float* src, size_t blocks, float scale, float part, float inverse, uint8_t* scales,
+                        uint8_t* elements, Census* census);
+  // The values of `blocks` whole blocks under the part scale `part`, into out[0..16 * blocks) (op as MX's).
+  void (*nv_decode)(const uint8_t* scales, const uint8_t* elements, size_t blocks, float part, float* out,
+                    MxDecodeOp op, float post);
+  // out[0..16 * blocks) = the sum in rank order of k ranks' values of `blocks` whole blocks, rank r's
+  // scales, elements and part scale at scales[r], elements[r] and parts[r]. Returns the largest finite
+  // |sum| (0 for none), found while the sums are in registers.
+  float (*nv_sum)(const uint8_t* const* scales, const uint8_t* const* elements, const float* parts, size_t k,
+                  size_t blocks, float* out);
 };
 
 // The integer constants of the vector kernels' round-to-nearest-even to an 8-bit format (Fp8Lanes in
@@ -113,6 +126,13 @@ void scalar_mx_decode(const uint8_t* scales, const uint8_t* elements, size_t blo
                       MxDecodeOp op, float post);
 void scalar_mx_sum(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t blocks, Wire wire,
                    float* out);
+// The scalar NVFP4 block kernels (cpu_nvfp4.cpp), the definition the vector ones are tested against.
+void scalar_nv_encode_f32(const float* src, size_t blocks, float scale, float part, float inverse, uint8_t* scales,
+                          uint8_t* elements, Census* census);
+void scalar_nv_decode(const uint8_t* scales, const uint8_t* elements, size_t blocks, float part, float* out,
+                      MxDecodeOp op, float post);
+float scalar_nv_sum(const uint8_t* const* scales, const uint8_t* const* elements, const float* parts, size_t k,
+                    size_t blocks, float* out);
 // The values of e2m1's 16 codes (sign in bit 3).
 extern const float kE2m1Values[16];
 // The 256 values of an 8-bit format, exactly.

@@ -111,7 +111,8 @@ const CpuKernels& scalar_kernels() {
   static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add,
                                   cast_add_f32, sum, sum_f32, scalar_amax_f32, scalar_cast8_f32,
                                   scalar_restore8_f32, scalar_scaled_sum_f32, scalar_mx_encode_f32,
-                                  scalar_mx_decode, scalar_mx_sum};
+                                  scalar_mx_decode, scalar_mx_sum, scalar_nv_encode_f32, scalar_nv_decode,
+                                  scalar_nv_sum};
   return kernels;
 }
 

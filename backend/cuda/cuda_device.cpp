@@ -106,6 +106,7 @@ const float* pre_scale_of(const Plan& plan) {
 // at their natural alignment (a misaligned access would end the CUDA context). An MX frame of no values
 // has no bytes (an empty CUDA tensor's call with min_bytes=0), and any stride.
 void check_frames(const at::Tensor& frames, int64_t count, const Plan& plan) {
+  TORCH_CHECK_VALUE(plan.wire != compress::Wire::kNvfp4, "cnccl: wire_dtype=nvfp4 has CPU kernels only, so far");
   TORCH_CHECK(frames.is_cuda() && frames.scalar_type() == at::kByte && frames.dim() == 2 && frames.stride(1) == 1 &&
                   frames.size(1) == frames::frame_bytes(count, plan.wire) &&
                   (frames.size(1) == 0 || frames.stride(0) % 4 == 0) &&

@@ -13,23 +13,15 @@
 #include <vector>
 
 #include "compress/codec.h"
+#include "cpu_paths.h"
 
 namespace cnccl::compress {
 namespace {
 
-std::vector<CpuPath> vector_paths() {
-  std::vector<CpuPath> out;
-  for (CpuPath path : kCpuPaths) {
-    if (path != CpuPath::kScalar && cpu_path_supported(path)) out.push_back(path);
-  }
-  return out;
-}
-
-// Restores the dispatch whatever a test does.
-struct PathGuard {
-  CpuPath saved = cpu_path();
-  ~PathGuard() { set_cpu_path(saved); }
-};
+using testing::PathGuard;
+using testing::same_bits;
+using testing::same_values;
+using testing::vector_paths;
 
 const Wire kWires[] = {Wire::kMxfp8, Wire::kMxfp8E5m2, Wire::kMxfp4};
 const MxScale kRules[] = {MxScale::kRceil, MxScale::kFloor};
@@ -87,23 +79,6 @@ Encoded encode_on(CpuPath path, const std::vector<T>& src, size_t count, float s
   const CensusScope scope(&e.census, 7);
   mx_encode(src.data(), src.size(), count, scale, w, rule, e.bytes.data());
   return e;
-}
-
-template <typename T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
-}
-
-// The same bits, except that any NaN equals any NaN: which operand's payload an add of two NaNs
-// keeps depends on the order the compiler gives a commutative add, in the scalar kernels too.
-template <typename T>
-bool same_values(const std::vector<T>& a, const std::vector<T>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
-    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return false;
-  }
-  return true;
 }
 
 void expect_same_census(const Census& a, const Census& b, const std::string& what) {

@@ -434,7 +434,7 @@ def bad_input_raises_clear_errors(ctx):
     # A PREMUL_SUM factor of more than one element never reaches a backend: torch refuses to make the op.
     raises(RuntimeError, lambda: dist._make_nccl_premul_sum(torch.ones(2)), "tensor_factor.numel() == 1")
     raises(ValueError, lambda: cnccl.Options(wire_dtype="fp8"), "wire_dtype",
-           "fp16, bf16, e4m3, e5m2, mxfp8, mxfp8_e5m2, mxfp4, none")
+           "fp16, bf16, e4m3, e5m2, mxfp8, mxfp8_e5m2, mxfp4, nvfp4, none")
     raises(ValueError, lambda: cnccl.Options(sum_scaling="max"), "sum_scaling", "none, world")
     raises(ValueError, lambda: cnccl.Options(min_bytes=-1), "min_bytes")
     raises(ValueError, lambda: cnccl.Options(cpu_engine="mpi"), "cpu_engine", "ucx, gloo")

@@ -523,6 +523,29 @@ def a_wire_per_level_is_refused_on_cuda_tensors_by_name(ctx):
     assert torch.equal(y, torch.ones(1000))
 
 
+@case
+def nvfp4_is_refused_on_cuda_tensors_by_name(ctx):
+    """nvfp4 has CPU kernels only: its group refuses CUDA tensors' fp32 reductions before anything is
+    queued, and so do the frame kernels; a 16-bit CUDA tensor (which the wire never carries) and the
+    group's CPU tensors still sum."""
+    g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="nvfp4", accumulate="fp32", min_bytes=0))
+    x = ctx.data(N)
+    before = x.clone()
+    for call in (lambda: dist.all_reduce(x, group=g),
+                 lambda: dist.reduce_scatter_tensor(torch.empty_like(x), x, group=g)):
+        with pytest.raises(ValueError, match=r"wire_dtype=nvfp4 .* has CPU kernels only"):
+            call()
+    assert torch.equal(x, before)
+    with pytest.raises(ValueError, match=r"wire_dtype=nvfp4 has CPU kernels only"):
+        _C._encode_frames([x], N, 1.0, "nvfp4")
+    half = x.half()
+    dist.all_reduce(half, group=g)
+    assert torch.equal(half, x.half())
+    y = torch.ones(1000)
+    dist.all_reduce(y, group=g)
+    assert torch.equal(y, torch.ones(1000))
+
+
 ENVS = {"default": {}, "blocking-wait": {"TORCH_NCCL_BLOCKING_WAIT": "1"}}
 
 

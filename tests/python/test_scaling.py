@@ -266,10 +266,11 @@ def non_finite_inputs_come_back_non_finite(ctx):
 def test_a_thread_that_flushes_subnormals_gets_the_same_bits():
     """torch.set_flush_denormal(True) sets FTZ and DAZ on the calling thread, and a group's threads take
     its creator's settings: the CPU kernels must still read fp32 subnormals and decode values times 2^-k,
-    and MX blocks' 2^-127 scale, into them, as the definition and the CUDA kernels do."""
+    and MX blocks' 2^-127 scale and NVFP4's 2^-120 part scale, into them, as the definition and the CUDA
+    kernels do."""
     v = torch.randn(128, generator=torch.Generator().manual_seed(12)) * 2.0**-125
     v[64:] *= 2.0**-20  # fp32 subnormals; every value decodes to one
-    for wire in (*DTYPE, "mxfp8", "mxfp8_e5m2", "mxfp4"):
+    for wire in (*DTYPE, "mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4"):
         frame = _C._encode_frames([v], 128, 1.0, wire)
         decoded = _C._decode_frames(frame, 128, wire)
         assert decoded.count_nonzero() > 0, wire

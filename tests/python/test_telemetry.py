@@ -35,8 +35,8 @@ class Context:
         self.fp16 = group(wire_dtype="fp16")
         self.fp16_too = group(wire_dtype="fp16")
         self.off = group(wire_dtype="fp16", telemetry="off")
-        self.error = {w: group(wire_dtype=w, telemetry="error", **({"accumulate": "fp32"} if w.startswith("mx") else {}))
-                      for w in ("fp16", "bf16", "mxfp8", "mxfp4")}
+        self.error = {w: group(wire_dtype=w, telemetry="error", **({} if w in ("fp16", "bf16") else {"accumulate": "fp32"}))
+                      for w in ("fp16", "bf16", "mxfp8", "mxfp4", "nvfp4")}
         self.floor = {w: group(wire_dtype=w, accumulate="fp32", mx_scale="floor") for w in ("mxfp8", "mxfp4")}
         self.unused = dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(telemetry="error"))
         self.gen = torch.Generator().manual_seed(41 + rank)
@@ -117,7 +117,7 @@ def relative_error(got, want):
 
 @case
 def the_sampled_error_is_the_contributions(ctx):
-    """fp16 and bf16: the contribution is x cast to the wire; MX: x through its parts' blocks."""
+    """fp16 and bf16: the contribution is x cast to the wire; MX and NVFP4: x through its parts' blocks."""
     n = 1 << 20
     x = torch.randn(n, generator=ctx.gen) * torch.pow(10.0, torch.empty(n).uniform_(-2, 2, generator=ctx.gen))
     for wire, g in ctx.error.items():

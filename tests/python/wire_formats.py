@@ -40,6 +40,8 @@ def framed(x, wire, pre=1.0, mx_scale="rceil"):
     take their blocks instead (mx_framed, scaled by the rule `mx_scale`)."""
     if wire in MX_ELEMENT:
         return mx_framed(x, wire, pre, mx_scale)
+    if wire == "nvfp4":
+        return nv_framed(x, pre)
     pre32 = torch.tensor(pre, dtype=torch.float32).item()
     k = frame_exponent(x * pre32, wire)
     return to_frame_wire(x * (pre32 * 2.0**k), wire).float() * 2.0**-k
@@ -221,6 +223,63 @@ def mx_framed(x, wire, pre=1.0, mx_scale="rceil"):
     nonfinite = ~padded.view(-1, MX_BLOCK).isfinite().all(1)
     return decoded.masked_fill(nonfinite[:, None], float("nan")).reshape(-1)[:n]
 
+
+
+# NVFP4 (docs/design.md, "NVFP4 blocks"): torchao's nvfp4_quantize with a per-tensor scale, the tensor
+# being a part, and cnccl's rules where torchao has none (the part scale's floor, blocks that are not finite).
+NV_BLOCK = 16
+NV_SMALLEST_PART = 2.0**-120
+
+
+def nv_part_scale(v):
+    """P = max(fl(a / 2688), 2^-120) of fp32 values v, a their largest finite |value| (0 for none):
+    torchao's per_tensor_amax_to_scale above the floor."""
+    finite = v[v.isfinite()]
+    a = finite.abs().max() if finite.numel() else torch.tensor(0.0)
+    return torch.clamp(a.float() / 2688.0, min=NV_SMALLEST_PART)
+
+
+def nv_blocks(v, part):
+    """The NVFP4 encoding of fp32 values v (a multiple of 16) under the part scale `part` (a 0-dim fp32
+    tensor): (scale codes, element bytes, two a byte, the first in the low nibble). torchao's
+    nvfp4_quantize for the blocks whose values are all finite (on CPU tensors: on CUDA torch divides by
+    a Python float as a multiplication by its reciprocal); a block that is not finite gets the scale code
+    0x7F (e4m3's NaN) and zero elements."""
+    from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize
+
+    blocks = v.float().reshape(-1, NV_BLOCK)
+    finite = blocks.isfinite().all(1)
+    scales, data = nvfp4_quantize(blocks.masked_fill(~finite[:, None], 0).reshape(1, -1).contiguous(), NV_BLOCK, part)
+    codes = scales.view(torch.uint8).reshape(-1).clone()
+    codes[~finite] = 0x7F
+    elements = data.view(torch.uint8).reshape(-1, NV_BLOCK // 2).clone()
+    elements[~finite] = 0
+    return codes, elements.reshape(-1)
+
+
+def nv_decode(codes, elements, part, n):
+    """The first n values of blocks given as scale codes and element bytes: each element times
+    fl(P * S), in fp32 (torchao's dequantize), NaN for the scale code 0x7F."""
+    nibbles = torch.stack([elements & 15, elements >> 4], 1).reshape(-1)
+    values = torch.zeros(codes.numel() * NV_BLOCK)
+    values[:nibbles.numel()] = E2M1_VALUES[nibbles.long()][:values.numel()]
+    scales = part * codes.view(torch.float8_e4m3fn).float()
+    return (values.view(-1, NV_BLOCK) * scales[:, None]).reshape(-1)[:n]
+
+
+def nv_framed(x, pre=1.0):
+    """x (fp32) times fp32(pre) through an NVFP4 frame of its own, as the owner decodes it: the part
+    scale from these values, blocks of 16 (the last padded with zeros)."""
+    pre32 = torch.tensor(pre, dtype=torch.float32).item()
+    v = x.float() * pre32
+    n = v.numel()
+    if not n:
+        return v
+    padded = torch.zeros(-(-n // NV_BLOCK) * NV_BLOCK)
+    padded[:n] = v
+    part = nv_part_scale(padded)
+    codes, elements = nv_blocks(padded, part)
+    return nv_decode(codes, elements, part, n)
 
 
 # A wire per level (docs/numerics.md, "A wire per level"): the host path's sums across hosts that share

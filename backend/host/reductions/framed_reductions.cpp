@@ -179,14 +179,14 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
            on_shm);
     // The owner's frame of its sum needs the whole sum's amax: it goes out once every piece is in.
     const std::vector<at::Tensor> total{
-        view(sums + codec.values_at() * sizeof(float), count, at::kFloat)};
+        view(sums + codec.values_at() * codec.out_elem(), count, at::kFloat)};
     int32_t k = 0;
     timed_reduce([&] {
       const compress::CensusSamplesPaused not_a_contribution;
       const uint32_t bits = largest->load(std::memory_order_relaxed);  // a NaN's bits are a NaN
       float amax;
       std::memcpy(&amax, &bits, sizeof amax);
-      k = frames::sum_exponent(amax, total[0], plan.wire);
+      k = codec.sum_exponent(amax, total[0]);
     });
     const ChunkProduce frame_sum = [&](size_t first, size_t len, char* dst) {
       const compress::CensusSamplesPaused not_a_contribution;
@@ -246,7 +246,7 @@ HostPath::Step HostPath::framed_reduce_scatter_step(const std::vector<at::Tensor
   };
   step.post = [=](const Buffers& b) {
     rows->clear();
-    restore_sums_into(reinterpret_cast<const float*>(b.workspace) + codec.values_at(), output, plan);
+    restore_sums_into(reinterpret_cast<const float*>(b.workspace + codec.values_at() * codec.out_elem()), output, plan);
   };
   return step;
 }

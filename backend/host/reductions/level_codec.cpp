@@ -11,6 +11,19 @@ namespace cnccl::host {
 namespace {
 
 constexpr size_t kBlock = compress::kMxBlock;
+constexpr size_t kNvBlock = compress::kNvBlock;
+
+float float_of(int32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+int32_t bits_of(float f) {
+  int32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
 
 const char* data_at(const at::Tensor& piece, size_t value) {
   return static_cast<const char*>(piece.const_data_ptr()) + value * piece.element_size();
@@ -35,7 +48,10 @@ void runs(const LevelCodec::Row& row, size_t at, size_t len, const F& f) {
 }  // namespace
 
 LevelCodec::LevelCodec(const std::optional<compress::Wire>& wire, int64_t count, compress::MxScale mx_scale)
-    : form_(!wire ? Form::kFp32 : compress::is_mx(*wire) ? Form::kBlocks : Form::kFrames),
+    : form_(!wire                                ? Form::kFp32
+            : compress::is_mx(*wire)             ? Form::kBlocks
+            : *wire == compress::Wire::kNvfp4    ? Form::kPartBlocks
+                                                 : Form::kFrames),
       mx_scale_(mx_scale),
       count_(count) {
   if (wire) wire_ = *wire;
@@ -53,6 +69,12 @@ LevelCodec::LevelCodec(const std::optional<compress::Wire>& wire, int64_t count,
       elem_ = compress::mx_bytes(kBlock, wire_);
       out_elem_ = kBlock * sizeof(float);
       break;
+    case Form::kPartBlocks:
+      units_ = 1 + (size_t(count) + kNvBlock - 1) / kNvBlock;
+      elem_ = size_t(frames::nv_header_bytes());
+      out_elem_ = kNvBlock * sizeof(float);
+      values_at_ = 1;
+      break;
   }
 }
 
@@ -64,6 +86,7 @@ std::pair<size_t, size_t> LevelCodec::values_of(size_t u, size_t k) const {
     end = std::max(end, values_at_) - values_at_;
   }
   if (form_ == Form::kBlocks) first = u * kBlock, end = (u + k) * kBlock;
+  if (form_ == Form::kPartBlocks) first = (std::max<size_t>(u, 1) - 1) * kNvBlock, end = (std::max<size_t>(u + k, 1) - 1) * kNvBlock;
   first = std::min(first, count);
   return {first, std::min(end, count) - first};
 }
@@ -72,13 +95,30 @@ std::pair<size_t, size_t> LevelCodec::units_of(size_t v0, size_t v1) const {
   switch (form_) {
     case Form::kFp32: return {v0, v1};
     case Form::kFrames: return {values_at_ + v0, values_at_ + v1};
+    case Form::kPartBlocks: return {1 + v0 / kNvBlock, 1 + (v1 + kNvBlock - 1) / kNvBlock};
     case Form::kBlocks: break;
   }
   return {v0 / kBlock, (v1 + kBlock - 1) / kBlock};
 }
 
 int32_t LevelCodec::exponent(const Row& row) const {
+  if (form_ == Form::kPartBlocks) {
+    // The part scale grows with the amax: the largest of the pieces' is the row's.
+    float part = compress::nv_part_scale(0.0f);
+    for (const auto& p : *row.pieces) {
+      const at::Tensor x = p.contiguous();
+      with_wide_data(static_cast<const char*>(x.const_data_ptr()), x.scalar_type(), [&](const auto* v) {
+        part = std::max(part, compress::nv_part_scale(v, size_t(x.numel()), float(row.scale)));
+      });
+    }
+    return bits_of(part);
+  }
   return form_ == Form::kFrames ? frames::row_exponent(*row.pieces, row.scale, wire_) : 0;
+}
+
+int32_t LevelCodec::sum_exponent(float amax, const at::Tensor& sums) const {
+  if (form_ == Form::kPartBlocks) return bits_of(compress::nv_part_scale(amax));
+  return frames::sum_exponent(amax, sums, wire_);
 }
 
 void LevelCodec::encode(const Row& row, size_t u, size_t k, uint8_t* dst) const {
@@ -117,18 +157,28 @@ void LevelCodec::encode(const Row& row, size_t u, size_t k, uint8_t* dst) const 
     }
     case Form::kBlocks:
       break;
+    case Form::kPartBlocks:
+      if (u == 0 && k > 0) {
+        frames::write_nv_header(float_of(row.k), dst);
+        dst += elem_, ++u, --k;
+      }
+      if (k == 0) return;  // the header alone: a part of no values has no pieces to read
+      break;
   }
   const auto [at, len] = values_of(u, k);
+  const float part = float_of(row.k);
+  auto encode_run = [&](const auto* v, size_t have, size_t total) {
+    if (form_ == Form::kPartBlocks) return compress::nv_encode(v, have, total, float(row.scale), part, dst);
+    compress::mx_encode(v, have, total, float(row.scale), wire_, mx_scale_, dst);
+  };
   const size_t segment = size_t(row.segment), j = at / segment;
   if (len == 0 || (at + len - 1) / segment == j) {
     const size_t off = at % segment;
     const at::Tensor& piece = pieces[j];
     const size_t have = std::min(len, size_t(std::max<int64_t>(piece.numel() - int64_t(off), 0)));
-    return with_wide_data(data_at(piece, off), dtype, [&](const auto* v) {
-      compress::mx_encode(v, have, len, float(row.scale), wire_, mx_scale_, dst);
-    });
+    return with_wide_data(data_at(piece, off), dtype, [&](const auto* v) { encode_run(v, have, len); });
   }
-  // Blocks across two pieces (a reduce_scatter's outputs of other than 32 x m values): their values
+  // Blocks across two pieces (a reduce_scatter's outputs of other than a block's multiple): their values
   // joined first, this run's alone.
   with_wide_data(data_at(pieces[0], 0), dtype, [&](const auto* first_piece) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(first_piece)>>;
@@ -136,7 +186,7 @@ void LevelCodec::encode(const Row& row, size_t u, size_t k, uint8_t* dst) const 
     runs(row, at, len, [&](size_t o, const at::Tensor* piece, size_t off, size_t have, size_t) {
       if (have) std::memcpy(joined.data() + o, data_at(*piece, off), have * sizeof(T));
     });
-    compress::mx_encode(joined.data(), len, len, float(row.scale), wire_, mx_scale_, dst);
+    encode_run(joined.data(), len, len);
   });
 }
 
@@ -154,8 +204,20 @@ float LevelCodec::sum(const uint8_t* const* in, int ranks, int32_t* heard, size_
     case Form::kBlocks:
       compress::mx_sum(in, size_t(ranks), dst, values_of(u, k).second, wire_);
       return 0.0f;
+    case Form::kPartBlocks:
+      break;
   }
-  return 0.0f;
+  std::vector<const uint8_t*> runs(in, in + ranks);
+  if (u == 0) {
+    for (int r = 0; r < ranks; ++r) {
+      heard[r] = bits_of(frames::nv_header(in[r], r));
+      runs[size_t(r)] += elem_;
+    }
+    dst += kNvBlock;  // the header's unit holds no sums
+  }
+  std::vector<float> parts(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) parts[size_t(r)] = float_of(heard[r]);
+  return compress::nv_sum(runs.data(), parts.data(), size_t(ranks), dst, values_of(u, k).second);
 }
 
 void LevelCodec::sum_encode(const uint8_t* const* in, int ranks, size_t u, size_t k, uint8_t* dst) const {
@@ -170,6 +232,10 @@ void LevelCodec::restore(const uint8_t* run, int32_t* told, int64_t sender, size
     return frames::restore_piece(run, told, sender, wire_, count_, std::min(given, count_), int64_t(u * elem_),
                                  int64_t(k * elem_), post_scale, dtype, dst);
   }
+  if (form_ == Form::kPartBlocks) {
+    if (given <= 0) return;  // as a frame's
+    if (u == 0) *told = bits_of(frames::nv_header(run, sender)), run += elem_;
+  }
   const auto [at, len] = values_of(u, k);
   const size_t n = int64_t(at) < given ? std::min(len, size_t(given) - at) : 0;
   if (n == 0) return;
@@ -177,6 +243,11 @@ void LevelCodec::restore(const uint8_t* run, int32_t* told, int64_t sender, size
   if (form_ == Form::kFp32) {
     return write_scaled_sums(view(reinterpret_cast<char*>(const_cast<uint8_t*>(run)), int64_t(n), at::kFloat),
                              view(out, int64_t(n), dtype), post_scale);
+  }
+  if (form_ == Form::kPartBlocks) {
+    const float part = float_of(*told);
+    if (dtype == at::kDouble) return compress::nv_restore(run, len, part, reinterpret_cast<double*>(out), n, float(post_scale));
+    return compress::nv_restore(run, len, part, reinterpret_cast<float*>(out), n, float(post_scale));
   }
   if (dtype == at::kDouble) {
     compress::mx_restore(run, len, reinterpret_cast<double*>(out), n, float(post_scale), wire_);

@@ -1,13 +1,15 @@
 // One level's wire (docs/design.md, "One level codec"): how a part of `count` values travels through one
-// level of a sum, as fp32, as one power-of-two frame (backend/frames.h) or as MX blocks (compress/codec.h),
+// level of a sum, as fp32, as one power-of-two frame (backend/frames.h), as MX blocks (compress/codec.h)
+// or as an NVFP4 frame (blocks under the part's scale, which its header carries),
 // and the four things every schedule does with it: encode a contribution, add the ranks' contributions
 // in fp32 in rank order, encode an owner's sum again, restore a result. The flat sums in frames
 // (framed_reductions.cpp) have one level; a wire per level (level_reductions.cpp) has two, the second's
 // contributions the first one's sums. A schedule cuts a part into runs of units and moves them: a unit
-// is a float, a frame's wire element (the header its first ones) or an MX block of 32 values (the part's
-// last block may be short, and travels as the MX run of the values it covers). Cutting changes no bit:
-// every unit is encoded, added and restored on its own, but for a frame's exponent, which the run that
-// starts the frame carries (frames.h: it is summed and restored first).
+// is a float, a frame's wire element (the header its first ones), an MX block of 32 values or an NVFP4
+// block of 16 (the header the first; a part's last block may be short, and a run of blocks travels as
+// the run of the values it covers). Cutting changes no bit: every unit is encoded, added and restored
+// on its own, but for a frame's exponent or part scale, which the run that starts the frame carries
+// (frames.h: it is summed and restored first).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -23,11 +25,13 @@ namespace cnccl::host {
 
 class LevelCodec {
  public:
-  enum class Form : uint8_t { kFp32, kFrames, kBlocks };
+  // kPartBlocks: NVFP4, blocks whose scales are relative to the part's, carried as a frame's exponent is
+  // (its fp32 bits where an exponent goes).
+  enum class Form : uint8_t { kFp32, kFrames, kBlocks, kPartBlocks };
 
   // A contribution: a part's values in pieces of `segment` values each, one after another, read where
   // they lie (fp32 or fp64, contiguous; the last may be short, and values past the pieces are +0), each
-  // multiplied by `scale`; a frame's exponent `k` (exponent()).
+  // multiplied by `scale`; a frame's exponent `k` (exponent(): an NVFP4 part scale's bits).
   struct Row {
     const std::vector<at::Tensor>* pieces;
     int64_t segment;
@@ -53,14 +57,16 @@ class LevelCodec {
   // The units that hold values [v0, v1) of a part: [first, end).
   std::pair<size_t, size_t> units_of(size_t v0, size_t v1) const;
 
-  // A frame's exponent of `row` (0 for other forms).
+  // A frame's exponent of `row` (0 for forms that are not part_scaled()).
   int32_t exponent(const Row& row) const;
+  // The exponent of an owner's contiguous fp32 `sums`, whose largest |value| sum() returned.
+  int32_t sum_exponent(float amax, const at::Tensor& sums) const;
   // Units [u, u + k) of `row`'s encoding, into dst.
   void encode(const Row& row, size_t u, size_t k, uint8_t* dst) const;
   // The fp32 sums of units [u, u + k) of `ranks` contributions (in[r] from rank r), added in rank order,
   // into dst (out_elem() bytes a unit; a frame's header units get none). Frames: the run from unit 0
   // stores each rank's exponent in heard[r] for the later runs. Returns the largest |sum| (frames: NaN if
-  // any is; else 0).
+  // any is; NVFP4: the largest finite; else 0).
   float sum(const uint8_t* const* in, int ranks, int32_t* heard, size_t u, size_t k, float* dst) const;
   // MX blocks: the owner's sums of units [u, u + k) encoded again, as encode() of them would, into dst.
   void sum_encode(const uint8_t* const* in, int ranks, size_t u, size_t k, uint8_t* dst) const;

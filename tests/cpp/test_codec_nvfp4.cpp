@@ -1,0 +1,216 @@
+// The NVFP4 block kernels (compress/cpu_nvfp4.cpp, and their vector forms in cpu_avx2.cpp) against the
+// scalar kernels, which define the encoding (tests/python/test_nvfp4.py holds those to torchao): every part
+// scale, scale code and element byte, every census count and sample, and every decoded, summed and
+// restored value's bits are the same on each CPU path (any NaN for a NaN), for random values over 40
+// decades and over 6, fp32 subnormals, blocks with an inf or a NaN, exact ties between e2m1 values, block
+// scales that e4m3 rounds down (their largest values saturate), zeros and -0, short last blocks,
+// zero-padded runs (n < count), products that overflow, and fp64 sources.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "compress/codec.h"
+#include "cpu_paths.h"
+
+namespace cnccl::compress {
+namespace {
+
+using testing::PathGuard;
+using testing::same_bits;
+using testing::same_values;
+using testing::vector_paths;
+
+// Values of every kind the kernels branch on, n of them.
+std::vector<std::pair<std::string, std::vector<float>>> kinds(size_t n) {
+  std::mt19937 gen(uint32_t(n) * 7 + 1);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f), decades(-20.0f, 20.0f), few(-3.0f, 3.0f);
+  std::vector<std::pair<std::string, std::vector<float>>> out;
+  std::vector<float> v(n);
+  for (auto& x : v) x = unit(gen) * std::pow(10.0f, decades(gen));
+  out.emplace_back("40 decades", v);  // most blocks' scales clamp at 2^-6
+  for (size_t i = 0; i < n; ++i) v[i] = unit(gen) * std::pow(10.0f, few(gen) + (i / kNvBlock % 2 ? 0.0f : 1.0f));
+  out.emplace_back("6 decades", v);
+  for (size_t i = 0; i < n; ++i) v[i] = unit(gen) * (i % 3 ? 1e-39f : 1e-30f);  // fp32 subnormals beside normals
+  out.emplace_back("subnormal", v);
+  for (size_t i = 0; i < n; ++i) v[i] = unit(gen);
+  for (size_t i = 5; i < n; i += 37) v[i] = i % 2 ? INFINITY : -NAN;
+  out.emplace_back("non-finite", v);
+  // P = 1 (the run's amax is 2688): blocks whose first value is 6 have S = 1 and elements equal to their
+  // values, ties between e2m1 values included; blocks whose first value is 6.375 have s = 1.0625, which
+  // e4m3 rounds down to 1, and 6.375 saturates.
+  const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.2f, -0.0f, 0.0f, 5.9f};
+  for (size_t i = 0; i < n; ++i) {
+    const size_t b = i / kNvBlock;
+    v[i] = i == 0 ? 2688.0f : i % kNvBlock == 0 ? (b % 2 ? 6.0f : 6.375f) : ties[i % 11] * (i % 5 ? 1.0f : -1.0f);
+  }
+  out.emplace_back("ties", v);
+  std::fill(v.begin(), v.end(), 0.0f);
+  for (size_t i = 0; i < n; i += 2) v[i] = -0.0f;
+  out.emplace_back("zeros", v);
+  return out;
+}
+
+struct Encoded {
+  float part = 0;
+  std::vector<uint8_t> bytes;
+  Census census;
+};
+
+template <typename T>
+Encoded encode_on(CpuPath path, const std::vector<T>& src, size_t count, float scale) {
+  set_cpu_path(path);
+  Encoded e;
+  e.bytes.assign(nv_bytes(count), 0xAB);
+  const CensusScope scope(&e.census, 7);
+  e.part = nv_part_scale(src.data(), src.size(), scale);
+  nv_encode(src.data(), src.size(), count, scale, e.part, e.bytes.data());
+  return e;
+}
+
+void expect_same(const Encoded& got, const Encoded& want, const std::string& what) {
+  EXPECT_EQ(std::memcmp(&got.part, &want.part, sizeof got.part), 0) << what << ": part " << got.part << " " << want.part;
+  EXPECT_TRUE(same_bits(got.bytes, want.bytes)) << what;
+  EXPECT_EQ(got.census.nonfinite, want.census.nonfinite) << what;
+  EXPECT_EQ(got.census.saturated, want.census.saturated) << what;
+  EXPECT_EQ(got.census.samples, want.census.samples) << what;
+  EXPECT_EQ(got.census.error_squared, want.census.error_squared) << what;
+  EXPECT_EQ(got.census.value_squared, want.census.value_squared) << what;
+}
+
+// Each kind's run of n values encoded by the scalar kernels, and its part scale.
+std::pair<std::vector<std::vector<uint8_t>>, std::vector<float>> runs_of_every_kind(size_t n) {
+  std::vector<std::vector<uint8_t>> runs;
+  std::vector<float> parts;
+  for (const auto& [kind, v] : kinds(n)) {
+    const Encoded e = encode_on(CpuPath::kScalar, v, n, 1.0f);
+    runs.push_back(e.bytes);
+    parts.push_back(e.part);
+  }
+  return {runs, parts};
+}
+
+TEST(CodecNvfp4, EncodingIsTheScalarKernelsBitForBit) {
+  const PathGuard guard;
+  if (vector_paths().empty()) GTEST_SKIP() << "this processor has no vector path";
+  for (size_t n : {size_t(0), size_t(1), size_t(15), size_t(16), size_t(17), size_t(1000), size_t(4113)}) {
+    for (const auto& [kind, v] : kinds(n)) {
+      for (size_t count : {n, n + 40}) {  // as given, and zero-padded past n
+        // 1e30: products past fp32's range become inf, which the part scale leaves out.
+        for (float scale : {1.0f, 0.3f, 1e30f}) {
+          const std::string what = kind + " n=" + std::to_string(n) + " count=" + std::to_string(count) +
+                                   " scale=" + std::to_string(scale);
+          const Encoded want = encode_on(CpuPath::kScalar, v, count, scale);
+          const std::vector<double> wide(v.begin(), v.end());
+          const Encoded want64 = encode_on(CpuPath::kScalar, wide, count, scale);
+          for (CpuPath path : vector_paths()) {
+            expect_same(encode_on(path, v, count, scale), want, std::string(cpu_path_name(path)) + " " + what);
+            expect_same(encode_on(path, wide, count, scale), want64, std::string(cpu_path_name(path)) + " fp64 " + what);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The census counts what the definition says: every value that is not finite, and nothing saturated for
+// values at most 7 after their block's reciprocal; the "ties" kind saturates only its 6.375s (their
+// blocks' S rounds down), which land at 6.375 < 7, so none.
+TEST(CodecNvfp4, TheCensusCountsNonFiniteValues) {
+  const PathGuard guard;
+  for (CpuPath path : kCpuPaths) {
+    if (!cpu_path_supported(path)) continue;
+    for (const auto& [kind, v] : kinds(4113)) {
+      const Encoded e = encode_on(path, v, v.size(), 1.0f);
+      size_t nonfinite = 0;
+      for (float x : v) nonfinite += !std::isfinite(x);
+      EXPECT_EQ(e.census.nonfinite, nonfinite) << cpu_path_name(path) << " " << kind;
+      EXPECT_EQ(e.census.saturated, 0u) << cpu_path_name(path) << " " << kind;
+    }
+  }
+}
+
+TEST(CodecNvfp4, DecodingSumsAndRestoresAreTheScalarKernelsBitForBit) {
+  const PathGuard guard;
+  if (vector_paths().empty()) GTEST_SKIP() << "this processor has no vector path";
+  for (size_t n : {size_t(1), size_t(17), size_t(2048), size_t(4113), size_t(70000)}) {
+    // Runs of every kind (the non-finite one gives NaN blocks), and a run of random bytes: every scale
+    // code, e4m3's NaN and its negative ones included.
+    auto [runs, parts] = runs_of_every_kind(n);
+    std::mt19937 gen{uint32_t(n)};
+    std::vector<uint8_t> noise(nv_bytes(n));
+    for (auto& b : noise) b = uint8_t(gen());
+    runs.push_back(noise);
+    parts.push_back(0.37f);
+    for (size_t r = 0; r + 2 < runs.size(); ++r) {
+      const std::string what = "n=" + std::to_string(n) + " runs from " + std::to_string(r);
+      const uint8_t* three[] = {runs[r].data(), runs[r + 1].data(), runs[r + 2].data()};
+      auto on = [&](CpuPath path) {
+        set_cpu_path(path);
+        std::vector<float> sum(n), restored(n - n / 3);
+        std::vector<double> restored64(n);
+        const float amax = nv_sum(three, parts.data() + r, 3, sum.data(), n);
+        nv_restore(three[0], n, parts[r], restored.data(), restored.size(), 0.7f);
+        nv_restore(three[1], n, parts[r + 1], restored64.data(), n, 3.0f);
+        return std::make_tuple(sum, restored, restored64, amax);
+      };
+      const auto want = on(CpuPath::kScalar);
+      float finite = 0.0f;
+      for (float x : std::get<0>(want)) finite = std::isfinite(x) ? std::max(finite, std::fabs(x)) : finite;
+      EXPECT_EQ(std::get<3>(want), finite) << "the sums' amax " << what;
+      for (CpuPath path : vector_paths()) {
+        const auto got = on(path);
+        EXPECT_TRUE(same_values(std::get<0>(got), std::get<0>(want))) << cpu_path_name(path) << " sum " << what;
+        EXPECT_TRUE(same_values(std::get<1>(got), std::get<1>(want))) << cpu_path_name(path) << " restore " << what;
+        EXPECT_TRUE(same_values(std::get<2>(got), std::get<2>(want))) << cpu_path_name(path) << " fp64 " << what;
+        EXPECT_EQ(std::get<3>(got), std::get<3>(want)) << cpu_path_name(path) << " amax " << what;
+      }
+    }
+  }
+}
+
+// An owner's sum encoded again in one pass writes the run that summing and then encoding under the sums'
+// part scale write, returns that scale, and counts what the encoding meets, on every path, over pieces
+// (70000 values) and a short last block.
+TEST(CodecNvfp4, SumEncodeIsSumThenEncode) {
+  const PathGuard guard;
+  std::vector<CpuPath> paths = vector_paths();
+  paths.insert(paths.begin(), CpuPath::kScalar);
+  for (size_t n : {size_t(1), size_t(17), size_t(2048), size_t(4113), size_t(70000)}) {
+    const auto [runs, parts] = runs_of_every_kind(n);
+    for (size_t r = 0; r + 2 < runs.size(); ++r) {
+      const std::string what = "n=" + std::to_string(n) + " runs from " + std::to_string(r);
+      const uint8_t* three[] = {runs[r].data(), runs[r + 1].data(), runs[r + 2].data()};
+      for (CpuPath path : paths) {
+        set_cpu_path(path);
+        std::vector<float> sums(n);
+        nv_sum(three, parts.data() + r, 3, sums.data(), n);
+        const Encoded want = encode_on(path, sums, n, 1.0f);
+        Encoded got;
+        got.bytes.assign(nv_bytes(n), 0xAB);
+        {
+          const CensusScope scope(&got.census, 7);
+          got.part = nv_sum_encode(three, parts.data() + r, 3, n, got.bytes.data());
+        }
+        EXPECT_EQ(got.part, want.part) << cpu_path_name(path) << " " << what;
+        EXPECT_TRUE(same_bits(got.bytes, want.bytes)) << cpu_path_name(path) << " " << what;
+        EXPECT_EQ(got.census.nonfinite, want.census.nonfinite) << cpu_path_name(path) << " " << what;
+        EXPECT_EQ(got.census.saturated, want.census.saturated) << cpu_path_name(path) << " " << what;
+        EXPECT_EQ(got.census.samples, 0u) << cpu_path_name(path) << " " << what;
+        // Into the first run itself (an owner's frame written over its own contribution): a piece's
+        // bytes are read before they are written.
+        std::vector<uint8_t> own = runs[r];
+        const uint8_t* aliased[] = {own.data(), runs[r + 1].data(), runs[r + 2].data()};
+        EXPECT_EQ(nv_sum_encode(aliased, parts.data() + r, 3, n, own.data()), want.part) << what;
+        EXPECT_TRUE(same_bits(own, want.bytes)) << cpu_path_name(path) << " in place " << what;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cnccl::compress
