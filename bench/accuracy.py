@@ -61,14 +61,19 @@ CNCCL_RUNS = {  # name -> cnccl.Options fields
     "cnccl mxfp4, accumulate=fp32": {"wire_dtype": "mxfp4", "accumulate": "fp32"},
     "cnccl mxfp8, accumulate=fp32, floor": {"wire_dtype": "mxfp8", "accumulate": "fp32", "mx_scale": "floor"},
     "cnccl mxfp4, accumulate=fp32, floor": {"wire_dtype": "mxfp4", "accumulate": "fp32", "mx_scale": "floor"},
+    "cnccl nvfp4, accumulate=fp32": {"wire_dtype": "nvfp4", "accumulate": "fp32"},
 }
 PER_PART_E4M3 = "cnccl e4m3, accumulate=fp32, pow2"
 LONG_RUNS = ["cnccl fp16", "cnccl e4m3, accumulate=fp32, pow2", "cnccl mxfp8, accumulate=fp32",
-             "cnccl mxfp8, accumulate=fp32, floor", "cnccl mxfp4, accumulate=fp32"]
+             "cnccl mxfp8, accumulate=fp32, floor", "cnccl mxfp4, accumulate=fp32", "cnccl nvfp4, accumulate=fp32"]
 # One encoding of heavy-tailed values: (label, wire, mx_scale).
 BLOCK_ERROR_RUNS = [("e4m3, one exponent a part", "e4m3", "rceil"), ("mxfp8, rceil", "mxfp8", "rceil"),
                     ("mxfp8, floor", "mxfp8", "floor"), ("mxfp4, rceil", "mxfp4", "rceil"),
-                    ("mxfp4, floor", "mxfp4", "floor")]
+                    ("mxfp4, floor", "mxfp4", "floor"), ("nvfp4", "nvfp4", "rceil")]
+# The 4-bit wires, against mxfp8 (issue: the best within 2.5x mxfp8's distance).
+FOUR_BIT = ["cnccl mxfp4, accumulate=fp32", "cnccl nvfp4, accumulate=fp32"]
+EIGHT_BIT = "cnccl mxfp8, accumulate=fp32"
+FOUR_BIT_GOAL = 2.5
 # A wire per level, (inside a host | across hosts), against mxfp8 everywhere, on 2 hosts x 2 ranks.
 MXFP8_EVERYWHERE = "cnccl mxfp8, accumulate=fp32"
 LEVEL_RUNS = {
@@ -276,10 +281,25 @@ def main():
     for what, got, goal in (("mxfp8 rceil L2 / e4m3's", rceil["l2"] / e4m3["l2"], 1.0),
                             ("mxfp8 rceil per-element / e4m3's", rceil["per_element"] / e4m3["per_element"], 0.2)):
         print(f"goal: {what} = {got:.3f} (<= {goal}): {'met' if got <= goal else 'not met'}")
+    four_bit_goals(results, long, args.steps, args.long_steps)
     if levels:
         print_levels(levels, args.steps, args.long_steps or args.steps)
     save_json({"ranks": args.ranks, "steps": args.steps, "distance": results, "long_steps": args.long_steps,
                "long": long, "block_errors": blocks, "levels": levels}, args.json)
+
+
+def four_bit_goals(results, long, steps, long_steps):
+    """The best 4-bit wire's distance over mxfp8's, for each run that has both, printed met or not met."""
+    rows = [(f"DDP, {steps} steps", {n: results[f"DDP|{n}"] for n in FOUR_BIT + [EIGHT_BIT]}),
+            (f"FSDP2, {steps} steps", {n: results[f"FSDP2|{n}"] for n in FOUR_BIT + [EIGHT_BIT]})]
+    if long:
+        rows.append((f"DDP, {long_steps} steps", {n: long[n]["distance"] for n in FOUR_BIT + [EIGHT_BIT]}))
+    for what, d in rows:
+        best = min(FOUR_BIT, key=d.get)
+        ratio = d[best] / d[EIGHT_BIT]
+        others = ", ".join(f"{n.split(',')[0][6:]} {d[n] / d[EIGHT_BIT]:.2f}x" for n in FOUR_BIT)
+        print(f"goal: {what}: the best 4-bit wire ({best.split(',')[0][6:]}) / mxfp8 = {ratio:.2f} "
+              f"(<= {FOUR_BIT_GOAL:g}): {'met' if ratio <= FOUR_BIT_GOAL else 'not met'} ({others})")
 
 
 def print_levels(levels, steps, long_steps):

@@ -1,6 +1,6 @@
 // CPU codec throughput beside memcpy of the same fp32 buffer, measured interleaved in one run.
 // Ratios > 1 mean the kernel moves the same elements faster than a plain copy of the fp32 data.
-// Then every other wire's kernels (power-of-two frames in fp16, e4m3, e5m2; MX blocks) beside the fp16
+// Then every other wire's kernels (power-of-two frames in fp16, e4m3, e5m2; MX and NVFP4 blocks) beside the fp16
 // cast, interleaved likewise: a frame's encode (amax, then the cast), its decode (the restore), and the
 // owner's fp32 sum of two ranks' frames, each as GB/s of the fp32 elements and as a ratio to the fp16 cast.
 // Usage: codec [MiB=64] [repeats=15]
@@ -92,10 +92,14 @@ int main(int argc, char** argv) {
   for (CpuPath path : kCpuPaths) {
     if (!cpu_path_supported(path)) continue;
     set_cpu_path(path);
-    for (Wire w : {Wire::kFp16, Wire::kE4m3, Wire::kE5m2, Wire::kMxfp8, Wire::kMxfp8E5m2, Wire::kMxfp4}) {
-      const bool mx = is_mx(w), wide = w == Wire::kFp16;
+    for (Wire w : {Wire::kFp16, Wire::kE4m3, Wire::kE5m2, Wire::kMxfp8, Wire::kMxfp8E5m2, Wire::kMxfp4, Wire::kNvfp4}) {
+      const bool mx = is_mx(w), nv = w == Wire::kNvfp4, wide = w == Wire::kFp16;
       // Two ranks' encodings of the same values, for the owner's sum.
-      if (mx) {
+      const float parts[] = {nv_part_scale(src.data(), n, 0.5f), nv_part_scale(src.data(), n, 0.5f)};
+      if (nv) {
+        nv_encode(src.data(), n, n, 0.5f, parts[0], frame.data());
+        frame2 = frame;
+      } else if (mx) {
         mx_encode(src.data(), n, n, 0.5f, w, MxScale::kRceil, frame.data());
         frame2 = frame;
       } else if (!wide) {
@@ -107,18 +111,21 @@ int main(int argc, char** argv) {
       const uint8_t* blocks[] = {frame.data(), frame2.data()};
       const float scales[] = {8.0f, 8.0f};
       const std::pair<const char*, std::function<void()>> kernels[] = {
-          {"encode", [&] {
+          {"encode", [&] {  // NVFP4: the part scale (an amax pass), then the blocks
+             if (nv) return nv_encode(src.data(), n, n, 0.5f, nv_part_scale(src.data(), n, 0.5f), frame.data());
              if (mx) return mx_encode(src.data(), n, n, 0.5f, w, MxScale::kRceil, frame.data());
              const float k = 0x1p-3f * (amax(src.data(), n) > 0 ? 1.0f : 0.0f);
              if (wide) return cast(src.data(), wire.data(), n, k, w);
              cast(src.data(), frame.data(), n, k, w);
            }},
           {"decode", [&] {
+             if (nv) return nv_restore(frame.data(), n, parts[0], dst.data(), n, 2.0f);
              if (mx) return mx_restore(frame.data(), n, dst.data(), n, 2.0f, w);
              if (wide) return restore(wire.data(), dst.data(), n, 8.0f, w);
              restore(frame.data(), dst.data(), n, 8.0f, w);
            }},
           {"owner sum 2", [&] {
+             if (nv) return static_cast<void>(nv_sum(blocks, parts, 2, sums.data(), n));
              if (mx) return mx_sum(blocks, 2, sums.data(), n, w);
              scaled_sum(frames, scales, 2, sums.data(), n, w);
            }},

@@ -48,6 +48,7 @@ WIRES = {
     "mxfp8": dict(wire_dtype="mxfp8", accumulate="fp32"),
     "mxfp8_e5m2": dict(wire_dtype="mxfp8_e5m2", accumulate="fp32"),
     "mxfp4": dict(wire_dtype="mxfp4", accumulate="fp32"),
+    "nvfp4": dict(wire_dtype="nvfp4", accumulate="fp32"),
     # A wire per level (inside a host | across hosts): at one rank a host there is no level inside, and the
     # group refuses, so these run at 2 ranks a host only.
     "fp16|mxfp8": dict(wire_dtype="fp16", inter_host_wire="mxfp8", accumulate="fp32"),
@@ -56,7 +57,8 @@ WIRES = {
 }
 PER_LEVEL = [w for w in WIRES if "|" in w]
 # (hosts, ranks a host, Gbit/s, size, wire, goal): the goal is a ratio to gloo fp32 at least, or the name of
-# the variant it must be at least as fast as (a wire per level against the flat wire with its wire across).
+# the variant it must be at least as fast as (a wire per level against the flat wire with its wire across),
+# or (name, fraction): at least that fraction of the variant's speed (nvfp4 against mxfp4).
 M64 = 64 << 20
 GOALS = [(2, 1, 2.5, M64, "none", 0.95), (2, 1, 2.5, M64, "fp16", 1.9), (2, 1, 2.5, M64, "e4m3", 3.5),
          (2, 1, 2.5, M64, "mxfp8", 3.5), (2, 1, 2.5, M64, "mxfp4", 6.0),
@@ -64,7 +66,8 @@ GOALS = [(2, 1, 2.5, M64, "none", 0.95), (2, 1, 2.5, M64, "fp16", 1.9), (2, 1, 2
          (2, 1, 10, M64, "mxfp4", 3.0),
          (2, 2, 1, M64, "fp16|mxfp8", 5.0), (2, 2, 1, M64, "fp16|mxfp4", 9.5),
          (2, 2, 2.5, M64, "fp16|mxfp8", "mxfp8"), (2, 2, 2.5, M64, "fp16|mxfp4", "mxfp4"),
-         (3, 2, 1, M64, "fp16|mxfp8", 4.0)]
+         (3, 2, 1, M64, "fp16|mxfp8", 4.0),
+         (2, 1, 1, M64, "nvfp4", ("mxfp4", 0.9)), (2, 1, 2.5, M64, "nvfp4", ("mxfp4", 0.9))]
 JOB_TIMEOUT = 900
 
 
@@ -296,13 +299,14 @@ def goals(results):
         rows = results.get(f"{hosts}x{per_host}x{gbit:g}")
         row = next((r for r in rows or [] if r["bytes"] == size), None)
         what = f"{hosts} hosts x {per_host}, {gbit:g} Gbit/s, {label(size)}, cnccl {wire} vs gloo fp32"
-        if isinstance(target, str):
-            what += f" (at least flat {target}'s)"
+        base, fraction = (target, 1.0) if isinstance(target, str) else target if isinstance(target, tuple) else (None, 0)
+        if base:
+            what += f" (at least flat {base}'s)" if fraction == 1.0 else f" (at least {fraction:g}x {base}'s)"
         goal = (what, hosts, per_host, gbit, size, wire)
-        if row is None or wire not in row["ratio"] or (isinstance(target, str) and target not in row["ratio"]):
+        if row is None or wire not in row["ratio"] or (base and base not in row["ratio"]):
             out.append(Goal(*goal, target))
             continue
-        need = row["ratio"][target] if isinstance(target, str) else target
+        need = row["ratio"][base] * fraction if base else target
         out.append(Goal(*goal, need, row["ratio"][wire], row["fill"][wire], row["ratio"][wire] >= need,
                         row["seconds"][wire], row["model_s"][wire], row["bound_s"][wire], row["cores_s"][wire]))
     return out
@@ -327,7 +331,8 @@ def docs_section(data):
               "|---|---|---|---|---|---|"]
     for g in goals(res):
         if g.value is None:
-            lines.append(f"| {cell(g.what)} | | {g.need} | | | not run |")
+            need = f"{g.need[1]:g}x {g.need[0]}'s" if isinstance(g.need, tuple) else g.need
+            lines.append(f"| {cell(g.what)} | | {need} | | | not run |")
             continue
         lines.append(f"| {cell(g.what)} | {g.value:.2f}x | >= {g.need:.2f}x | {g.fill:.2f} | {g.seconds * 1e3:.0f} / "
                      f"{g.model_s * 1e3:.0f} / {g.bound_s * 1e3:.0f} / {g.cores_s * 1e3:.0f} | "

@@ -33,10 +33,10 @@ Usage: python3 bench/scale_model.py [--ranks 64,256,1024] [--per-host 8] [--size
 import argparse
 import math
 
-# Bytes an element on each wire (an MX block of 32 carries one scale byte; frames' 4-byte headers are
-# per part and left out).
+# Bytes an element on each wire (an MX block of 32 carries one scale byte, an NVFP4 block of 16 one; frames'
+# headers are per part and left out).
 WIRE_BYTES = {"none": 4.0, "fp16": 2.0, "bf16": 2.0, "e4m3": 1.0, "e5m2": 1.0, "mxfp8": 33 / 32,
-              "mxfp8_e5m2": 33 / 32, "mxfp4": 17 / 32}
+              "mxfp8_e5m2": 33 / 32, "mxfp4": 17 / 32, "nvfp4": 9 / 16}
 SCHEDULES = ("ring", "alltoall", "alltoall+ring", "hierarchical", "hierarchical-a2a", "tree")
 # Up to this many wire bytes the host path exchanges directly (backend/policy.h, kDirectAllreduceMaxBytes):
 # a tensor with one rank a host, an owner's part between hosts in the hierarchical allreduce.
@@ -54,7 +54,7 @@ def cnccl_schedule(wire, accumulate, scaling, ranks, per_host, nbytes, min_bytes
         wire, accumulate, scaling, inter_host_wire = "none", "fp16", "none", None
     if inter_host_wire not in (None, wire) and per_host > 1:
         return "hierarchical-a2a"
-    framed = wire.startswith("mx") or scaling == "pow2"
+    framed = wire.startswith("mx") or wire == "nvfp4" or scaling == "pow2"
     fp32_sum = wire != "none" and accumulate == "fp32"
     if framed:
         return "alltoall"
