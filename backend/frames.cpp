@@ -127,7 +127,7 @@ std::vector<at::Tensor> parts_of(const at::Tensor& flat, int64_t parts, int64_t 
 }
 
 void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, compress::Wire wire,
-            compress::MxScale mx_scale, const at::Tensor& frames) {
+            compress::MxScale mx_scale, const at::Tensor& frames, const compress::Dither* dither) {
   const compress::GradualUnderflow exact;
   const int64_t bytes = payload_bytes(count, wire);
   TORCH_CHECK(frames.is_cpu() && frames.scalar_type() == at::kByte && frames.is_contiguous() && frames.dim() == 2 &&
@@ -150,7 +150,10 @@ void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, co
       with_wide_data(static_cast<const char*>(x.const_data_ptr()), x.scalar_type(), [&](const auto* row) {
         const float part = compress::nv_part_scale(row, size_t(len), float(scale));
         write_nv_header(part, frame);
-        compress::nv_encode(row, size_t(len), size_t(count), float(scale), part, frame + nv_header_bytes());
+        uint8_t* blocks = frame + nv_header_bytes();
+        if (dither) return compress::nv_encode(row, size_t(len), size_t(count), float(scale), part, blocks, *dither,
+                                               uint64_t(r) * uint64_t(count));
+        compress::nv_encode(row, size_t(len), size_t(count), float(scale), part, blocks);
       });
       continue;
     }
@@ -182,7 +185,7 @@ at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::W
 }
 
 void sum_encode(const at::Tensor& frames, int64_t count, compress::Wire wire, compress::MxScale mx_scale,
-                const at::Tensor& out) {
+                const at::Tensor& out, const compress::Dither* dither, uint64_t first) {
   const compress::GradualUnderflow exact;
   TORCH_CHECK(frames.is_cpu() && frames.scalar_type() == at::kByte && frames.dim() == 2 && frames.stride(1) == 1 &&
                   frames.size(1) == frame_bytes(count, wire) && out.is_contiguous() &&
@@ -198,8 +201,10 @@ void sum_encode(const at::Tensor& frames, int64_t count, compress::Wire wire, co
   if (wire == kNvfp4) {
     // The headers are read before any byte of `out` is written, and its own header after the blocks.
     const auto [runs, parts] = nv_decoding(in.data(), int64_t(in.size()));
-    const float part = compress::nv_sum_encode(runs.data(), parts.data(), in.size(), size_t(count),
-                                               dst + nv_header_bytes());
+    uint8_t* blocks = dst + nv_header_bytes();
+    const float part =
+        dither ? compress::nv_sum_encode(runs.data(), parts.data(), in.size(), size_t(count), blocks, *dither, first)
+               : compress::nv_sum_encode(runs.data(), parts.data(), in.size(), size_t(count), blocks);
     return write_nv_header(part, dst);
   }
   // Twice through the frames a piece at a time: the sums' amax, then the sums again, cast with the

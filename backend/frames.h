@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "compress/codec.h"
+#include "compress/stochastic.h"
 
 namespace cnccl::frames {
 
@@ -32,8 +33,10 @@ int64_t frame_bytes(int64_t count, compress::Wire wire);
 // compress::cast(rows[r], s * 2^k): each value times that exact scale, rounded to the wire. The
 // largest lands in [2^(emax-1), 2^emax): rounding up never overflows. An MX wire's frame is its blocks,
 // each scaled by `mx_scale`'s rule (compress::mx_encode); other wires ignore it.
+// `dither`: an NVFP4 frame's elements rounded stochastically (compress/stochastic.h), row r's value i
+// taking the bits of index r x count + i; other wires ignore it.
 void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, compress::Wire wire,
-            compress::MxScale mx_scale, const at::Tensor& frames);
+            compress::MxScale mx_scale, const at::Tensor& frames, const compress::Dither* dither = nullptr);
 // `flat` cut into `parts` rows of `count` elements (the last ones short or empty).
 std::vector<at::Tensor> parts_of(const at::Tensor& flat, int64_t parts, int64_t count);
 
@@ -47,8 +50,9 @@ at::Tensor sum(const std::vector<at::Tensor>& frames, int64_t count, compress::W
 // out (one frame, bytes contiguous) = encode({sum(frames' rows)}, count, 1, wire, mx_scale): the owner's
 // sum framed again, without the sums ever in memory whole. `out` may be one of the rows of `frames`
 // ([ranks, frame_bytes(count)], rows of contiguous bytes).
+// `dither`: as encode()'s, value i taking the bits of index first + i.
 void sum_encode(const at::Tensor& frames, int64_t count, compress::Wire wire, compress::MxScale mx_scale,
-                const at::Tensor& out);
+                const at::Tensor& out, const compress::Dither* dither = nullptr, uint64_t first = 0);
 
 // Writes the values of `frames` ([rows, frame_bytes(count)], row after row) into `dst` (fp32 or fp64,
 // any strides, at most rows * count elements): widen(payload) * fp32(post_scale * 2^-k), multiplied

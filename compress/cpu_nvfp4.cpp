@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "compress/cpu_kernels.h"
 #include "compress/formats.h"
+#include "compress/stochastic.h"
 
 namespace cnccl::compress {
 namespace {
@@ -34,9 +36,37 @@ size_t element_bytes(size_t n) { return (n + 1) / 2; }
 
 float scale_value(uint8_t code) { return formats::fp8_value(code, kE4m3); }
 
+// Stochastic rounding's bits for a run: element `first + i`'s (stochastic.h), or none: to nearest even.
+struct Rounding {
+  const Dither* dither = nullptr;
+  uint64_t first = 0;
+};
+
+// random_bits(dither, index) for indices in order: one Philox block serves the four indices it holds.
+class RandomWords {
+ public:
+  explicit RandomWords(const Dither& dither) : dither_(dither) {}
+  uint32_t operator()(uint64_t index) {
+    if (index >> 2 != block_index_) {
+      block_index_ = index >> 2;
+      block_ = philox4x32_10(static_cast<uint32_t>(block_index_), dither_.seq, dither_.rank,
+                             dither_.phase + 2 * static_cast<uint32_t>(index >> 34), static_cast<uint32_t>(dither_.seed),
+                             static_cast<uint32_t>(dither_.seed >> 32));
+    }
+    return block_.word[index & 3];
+  }
+
+ private:
+  const Dither& dither_;
+  uint64_t block_index_ = UINT64_MAX;
+  Philox4 block_{};
+};
+
 // One block's m <= 16 values v, already scaled, under the part scale `part` (`inverse` = fl(1 / part)):
-// its scale code, and its elements at `out` (m / 2 bytes, and a low nibble for an odd m).
-uint8_t encode_block(const float* v, size_t m, float part, float inverse, uint8_t* out, Census* census) {
+// its scale code, and its elements at `out` (m / 2 bytes, and a low nibble for an odd m). With a
+// dither, element j takes the random bits of index `index + j`.
+uint8_t encode_block(const float* v, size_t m, float part, float inverse, uint8_t* out, Census* census,
+                     const Dither* dither = nullptr, uint64_t index = 0) {
   uint32_t amax = 0;
   size_t nonfinite = 0;
   for (size_t j = 0; j < m; ++j) {
@@ -53,11 +83,15 @@ uint8_t encode_block(const float* v, size_t m, float part, float inverse, uint8_
   const uint8_t code = formats::fp8_code(s, kE4m3);
   const float reciprocal = inverse / scale_value(code);
   size_t saturated = 0;
+  std::optional<RandomWords> random;
+  if (dither) random.emplace(*dither);
   for (size_t j = 0; j < m; ++j) {
     const float q = v[j] * reciprocal;
     const float a = std::fabs(q);
     saturated += a >= kE2m1Overflow;
-    const uint8_t e = uint8_t((std::signbit(q) ? 8 : 0) | formats::e2m1_code(std::min(a, kE2m1Max)));
+    const float clamped = std::min(a, kE2m1Max);
+    const float on_grid = random ? stochastic_e2m1_value(clamped, (*random)(index + j)) : clamped;
+    const uint8_t e = uint8_t((std::signbit(q) ? 8 : 0) | formats::e2m1_code(on_grid));
     out[j / 2] |= uint8_t(j % 2 ? e << 4 : e);
   }
   if (census) census->saturated += saturated;
@@ -136,13 +170,16 @@ float part_scale_of(const T* src, size_t n, float scale) {
 // elements may lie apart (a piece of a longer run: nv_sum_encode).
 template <typename T>
 void encode(const T* src, size_t n, size_t count, float scale, float part, uint8_t* scales, uint8_t* elements,
-            const detail::CensusSink& sink) {
+            const detail::CensusSink& sink, const Rounding& rounding = {}) {
   const float inverse = 1.0f / part;
   size_t b = 0;
   if constexpr (std::is_same_v<T, float>) {
-    // The whole blocks of given values go to the block kernel at once.
-    b = std::min(n, count) / kNvBlock;
-    detail::active_kernels().nv_encode_f32(src, b, scale, part, inverse, scales, elements, sink.census);
+    // The whole blocks of given values go to the block kernel at once (rounded to nearest: stochastic
+    // rounding has the scalar kernel only).
+    if (!rounding.dither) {
+      b = std::min(n, count) / kNvBlock;
+      detail::active_kernels().nv_encode_f32(src, b, scale, part, inverse, scales, elements, sink.census);
+    }
   }
   float v[kNvBlock];
   for (; b * kNvBlock < count; ++b) {
@@ -151,7 +188,8 @@ void encode(const T* src, size_t n, size_t count, float scale, float part, uint8
     // The product formed as cast() forms it: in the source's precision, then to fp32.
     for (size_t j = 0; j < given; ++j) v[j] = static_cast<float>(src[first + j] * static_cast<T>(scale));
     std::fill(v + given, v + m, 0.0f);
-    scales[b] = encode_block(v, m, part, inverse, elements + first / 2, sink.census);
+    scales[b] = encode_block(v, m, part, inverse, elements + first / 2, sink.census, rounding.dither,
+                             rounding.first + first);
   }
   if (!sink.stride) return;
   for (size_t i = 0; i < std::min(n, count); i += sink.stride) {
@@ -234,7 +272,10 @@ float nv_sum(const uint8_t* const* in, const float* parts, size_t k, float* dst,
   return sum_run(scales.data(), elements.data(), parts, k, n, dst);
 }
 
-float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size_t n, uint8_t* dst) {
+namespace {
+
+float sum_encode(const uint8_t* const* in, const float* parts, size_t k, size_t n, uint8_t* dst,
+                 const Rounding& rounding) {
   const GradualUnderflow exact;
   // Twice through the runs a piece at a time, in a sum that stays in L1: the sums' amax, then the sums
   // again, encoded under the part scale it gives. The census counts, but takes no samples: the sums
@@ -253,9 +294,31 @@ float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size
   for (size_t first = 0; first < n; first += kPiece) {
     const size_t m = std::min(kPiece, n - first);
     sum_piece(first, m);
-    encode(sums, m, m, 1.0f, part, dst + first / kNvBlock, dst + blocks_of(n) + first / 2, counts);
+    encode(sums, m, m, 1.0f, part, dst + first / kNvBlock, dst + blocks_of(n) + first / 2, counts,
+           Rounding{rounding.dither, rounding.first + first});
   }
   return part;
+}
+
+}  // namespace
+
+float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size_t n, uint8_t* dst) {
+  return sum_encode(in, parts, k, n, dst, Rounding{});
+}
+float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size_t n, uint8_t* dst,
+                    const Dither& dither, uint64_t first) {
+  return sum_encode(in, parts, k, n, dst, Rounding{&dither, first});
+}
+
+void nv_encode(const float* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
+               uint64_t first) {
+  const GradualUnderflow exact;
+  encode(src, n, count, scale, part, dst, dst + blocks_of(count), detail::census_sink(), Rounding{&dither, first});
+}
+void nv_encode(const double* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
+               uint64_t first) {
+  const GradualUnderflow exact;
+  encode(src, n, count, scale, part, dst, dst + blocks_of(count), detail::census_sink(), Rounding{&dither, first});
 }
 
 void nv_restore(const uint8_t* src, size_t count, float part, float* dst, size_t n, float post) {

@@ -83,11 +83,32 @@ CNCCL_HOST_DEVICE float stochastic_grid_value(float v, uint32_t random, Wire w) 
   return copysignf(ldexpf(m + (u < q - m ? 1.0f : 0.0f), spacing), v);
 }
 
+// An NVFP4 element's magnitude a = min(|q|, 6) moved onto e2m1's grid: with the grid's spacing s at a
+// (0.5 below 2, 1 below 4, else 2), a = (m + f) * s with m an integer and 0 <= f < 1; the result is
+// (m + 1) * s when u < f, else m * s, u = (random >> 8) * 2^-24. Every step is exact in fp32, so
+// E[result] = a up to u's resolution; 6 stays 6.
+CNCCL_HOST_DEVICE float stochastic_e2m1_value(float a, uint32_t random) {
+  const float spacing = a < 2.0f ? 0.5f : a < 4.0f ? 1.0f : 2.0f;
+  const float q = a * (1.0f / spacing);
+  const float m = floorf(q);
+  const float u = static_cast<float>(random >> 8) * 0x1p-24f;
+  return (m + (u < q - m ? 1.0f : 0.0f)) * spacing;
+}
+
 // Stochastically rounded CPU codec (cpu_stochastic.cpp): as cast() and sum() in codec.h, with the
 // rounding above; `first` is the index (for Dither) of element 0 of these buffers.
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first);
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first);
 void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire, const Dither& dither,
          uint64_t first);
+// NVFP4 with stochastically rounded elements (cpu_nvfp4.cpp): as nv_encode() and nv_sum_encode() in
+// codec.h, each element rounded by stochastic_e2m1_value with the random bits of element `first + i`;
+// the block scales as before. The scalar kernels only.
+void nv_encode(const float* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
+               uint64_t first);
+void nv_encode(const double* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
+               uint64_t first);
+float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size_t n, uint8_t* dst,
+                    const Dither& dither, uint64_t first);
 
 }  // namespace cnccl::compress

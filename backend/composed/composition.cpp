@@ -284,10 +284,11 @@ Composition::FramesAtOwners Composition::frames_to_owners(const at::Tensor& fram
 
 Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Plan& p, const Timing& timing) {
   const int64_t n = t.numel(), part = (n + size_ - 1) / size_;
+  const auto [contributions, sums] = dithers(p, n);
   const at::Tensor sent = at::empty({size_, frames::frame_bytes(part, p.wire)}, t.options().dtype(at::kByte));
   // A strided t's contiguous copy is device work too, on the stream the encoding runs on.
-  device_->run([device = device_, t, p, sent, part, size = size_] {
-    device->encode_frames(frames::parts_of(flat(t), size, part), part, p, sent);
+  device_->run([device = device_, t, p, sent, part, size = size_, contributions = contributions] {
+    device->encode_frames(frames::parts_of(flat(t), size, part), part, p, sent, contributions);
   });
   FramesAtOwners at = frames_to_owners(sent, timing);
   if (!at.waited) {
@@ -297,7 +298,7 @@ Composition::Issued Composition::allreduce_frames(const at::Tensor& t, const Pla
   // The owner's frame of its sums takes the place of its own contribution's, and the allgather gathers
   // around it in place (as allreduce_fp32_sums's).
   const at::Tensor mine = at.frames[rank_];
-  device_->sum_frames(at.frames, part, p, mine);
+  device_->sum_frames(at.frames, part, p, mine, sums, uint64_t(rank_ * part));
   at::Tensor gathered = at.frames.view({-1}), mine_flat = mine.view({-1});
   c10d::AllgatherOptions back;
   back.timeout = timing.timeout;
@@ -316,7 +317,7 @@ Composition::Issued Composition::reduce_scatter_fp32_sums(const std::vector<at::
   }
   if (p.framed) {
     const at::Tensor sent = at::empty({size_, frames::frame_bytes(each, p.wire)}, output.options().dtype(at::kByte));
-    device_->encode_frames(parts, each, p, sent);
+    device_->encode_frames(parts, each, p, sent, dithers(p, each).first);
     FramesAtOwners at = frames_to_owners(sent, timing);
     Staged staged{at.frames, output, p};
     staged.rows = true;

@@ -61,12 +61,13 @@ class CpuDevice final : public Device {
     write_scaled_sums(sums, wide, plan.post_scale);
   }
 
-  void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan,
-                     const at::Tensor& frames) override {
-    frames::encode(rows, count, plan.pre_scale, plan.wire, plan.mx_scale, frames);
+  void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan, const at::Tensor& frames,
+                     const compress::Dither& dither) override {
+    frames::encode(rows, count, plan.pre_scale, plan.wire, plan.mx_scale, frames, plan.stochastic ? &dither : nullptr);
   }
-  void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out) override {
-    frames::sum_encode(frames, count, plan.wire, plan.mx_scale, out);
+  void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out,
+                  const compress::Dither& dither, uint64_t first) override {
+    frames::sum_encode(frames, count, plan.wire, plan.mx_scale, out, plan.stochastic ? &dither : nullptr, first);
   }
   void sum_frames_wide(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) override {
     const bool direct = wide.scalar_type() == at::kFloat;

@@ -59,11 +59,14 @@ class Device {
   // Power-of-two frames and MX blocks (backend/frames.h: plan.wire, plan.mx_scale), none with a
   // temporary the size of a row (docs/design.md, "Numerics", Memory).
   // frames ([rows.size(), frame_bytes(count)] bytes) = each row (at most `count` values, fp32 or fp64,
-  // contiguous) times plan.pre_scale, framed.
+  // contiguous) times plan.pre_scale, framed; with plan.stochastic (NVFP4 only), row r's value i rounded
+  // with the dither's bits of index r x count + i.
   virtual void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan,
-                             const at::Tensor& frames) = 0;
-  // out (one frame; it may be a row of `frames`) = the frame of the fp32 sums of frames' rows, rank order.
-  virtual void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out) = 0;
+                             const at::Tensor& frames, const compress::Dither& dither = {}) = 0;
+  // out (one frame; it may be a row of `frames`) = the frame of the fp32 sums of frames' rows, rank order;
+  // with plan.stochastic, sum i rounded with the bits of index first + i.
+  virtual void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out,
+                          const compress::Dither& dither = {}, uint64_t first = 0) = 0;
   // wide (contiguous, `count` values) = those sums times plan.post_scale, unrounded (write_scaled_sums).
   virtual void sum_frames_wide(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) = 0;
   // wide (contiguous, at most rows x count values) = the frames' values, row after row, times plan.post_scale.

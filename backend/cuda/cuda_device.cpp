@@ -203,8 +203,9 @@ class CudaDevice final : public composed::Device {
     });
   }
 
-  void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan,
-                     const at::Tensor& frames) override {
+  // Stochastically rounded frames are NVFP4's only, which check_frames refuses: no dither is read here.
+  void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan, const at::Tensor& frames,
+                     const compress::Dither& /*dither*/) override {
     check_frames(frames, count, plan);
     TORCH_CHECK(frames.size(0) == int64_t(rows.size()), "cnccl: ", rows.size(), " rows for ", frames.size(0),
                 " frames");
@@ -224,7 +225,8 @@ class CudaDevice final : public composed::Device {
     }
   }
 
-  void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out) override {
+  void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out,
+                  const compress::Dither& /*dither*/, uint64_t /*first*/) override {
     check_frames(frames, count, plan);
     check_frames(out.view({1, out.numel()}), count, plan);
     TORCH_CHECK(out.device() == frames.device(), "cnccl: a frame sum's output on ", out.device());

@@ -183,14 +183,17 @@ class StreamDevice final : public composed::Device {
   void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) override {
     defer("sum_wide", [cpu = cpu_, rows, wide, plan] { cpu->sum_wide(rows, wide, plan); });
   }
-  void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan,
-                     const at::Tensor& frames) override {
-    defer("encode_frames", [cpu = cpu_, rows, count, plan, frames] {
-      cpu->encode_frames(rows, count, read_pre_scale(plan), frames);
+  void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan, const at::Tensor& frames,
+                     const compress::Dither& dither) override {
+    defer("encode_frames", [cpu = cpu_, rows, count, plan, frames, dither] {
+      cpu->encode_frames(rows, count, read_pre_scale(plan), frames, dither);
     });
   }
-  void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out) override {
-    defer("sum_frames", [cpu = cpu_, frames, count, plan, out] { cpu->sum_frames(frames, count, plan, out); });
+  void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out,
+                  const compress::Dither& dither, uint64_t first) override {
+    defer("sum_frames", [cpu = cpu_, frames, count, plan, out, dither, first] {
+      cpu->sum_frames(frames, count, plan, out, dither, first);
+    });
   }
   void sum_frames_wide(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) override {
     defer("sum_frames_wide", [cpu = cpu_, frames, count, plan, wide] { cpu->sum_frames_wide(frames, count, plan, wide); });

@@ -23,8 +23,8 @@ import cnccl
 from cnccl import _C
 from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, check_case, engine_of, everyones, gloo_group, share, shared_job
 from test_mx import first_difference, require_torchao
-from wire_formats import (E2M1_VALUES, NV_BLOCK, NV_SMALLEST_PART, framed_allreduce, framed_owner_sum, nv_blocks,
-                          nv_part_scale)
+from wire_formats import (E2M1_VALUES, NV_BLOCK, NV_SMALLEST_PART, framed_allreduce, framed_owner_sum, nv_allreduce_sr,
+                          nv_blocks, nv_part_scale, nv_reduce_scatter_sr)
 
 R = dist.ReduceOp
 HEADER = 9  # the part scale's 4 bytes, then zeros up to a block's 9
@@ -164,13 +164,14 @@ def test_a_frame_no_cnccl_writes_is_refused_naming_the_rank():
 
 
 def test_nvfp4_needs_fp32_sums_and_is_not_yet_a_level_of_a_wire_per_level():
-    with pytest.raises(ValueError, match=r"wire_dtype=nvfp4.*needs accumulate=fp32, scaling=none and rounding=rne.*"
-                                         r"e4m3, under the part's fp32 scale.*got accumulate=wire"):
+    with pytest.raises(ValueError, match=r"wire_dtype=nvfp4.*needs accumulate=fp32 and scaling=none.*its own e4m3 "
+                                         r"scale under the part's fp32 one; got accumulate=wire"):
         cnccl.Options(wire_dtype="nvfp4")
-    with pytest.raises(ValueError, match=r"wire_dtype=nvfp4.*rounding=sr"):
-        cnccl.Options(wire_dtype="nvfp4", accumulate="fp32", rounding="sr")
+    with pytest.raises(ValueError, match=r"wire_dtype=nvfp4.*needs accumulate=fp32"):
+        cnccl.Options(wire_dtype="nvfp4", rounding="sr")
     with pytest.raises(ValueError, match=r"wire_dtype=nvfp4.*scaling=pow2"):
         cnccl.Options(wire_dtype="nvfp4", accumulate="fp32", scaling="pow2")
+    assert cnccl.Options(wire_dtype="nvfp4", accumulate="fp32", rounding="sr") is not None
     for inside, across in (("nvfp4", "mxfp8"), ("fp16", "nvfp4")):
         with pytest.raises(ValueError, match=r"nvfp4 does not yet travel as one level of a wire per level"):
             cnccl.Options(wire_dtype=inside, inter_host_wire=across, accumulate="fp32")
@@ -266,6 +267,47 @@ def coalesced_and_empty_tensors(ctx):
     dist.all_reduce(empty, group=ctx.group)
     dist.reduce_scatter_tensor(torch.empty(0), torch.empty(0), group=ctx.group)
     assert empty.numel() == 0
+
+
+def sr_group(seed):
+    return dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(
+        wire_dtype="nvfp4", min_bytes=0, accumulate="fp32", rounding="sr", sr_seed=seed))
+
+
+@case
+def stochastic_rounding_equals_its_emulation(ctx):
+    """rounding=sr: every element of every contribution and of every owner's sums rounded up or down by
+    its own random bits (its index in the tensor, the collective's number in the group, the rank or the
+    owners' word); allreduce (SUM, AVG) and reduce_scatter in one group, numbered 0, 1, 2 as they come."""
+    g = sr_group(11)
+    seq = 0
+    for op, n in ((R.SUM, 100_003), (R.AVG, 5_040)):
+        x = ctx.spread(n)
+        want = nv_allreduce_sr(ctx.all_inputs(x), 1.0 / ctx.world if op == R.AVG else 1.0, 11, seq)
+        t = x.clone()
+        dist.all_reduce(t, op=op, group=g)
+        assert first_difference(t, want) is None, f"{op} n={n}: {first_difference(t, want)}"
+        seq += 1
+    x = ctx.spread(4_099 * ctx.world)
+    out = torch.empty(4_099)
+    dist.reduce_scatter_tensor(out, x, group=g)
+    want = nv_reduce_scatter_sr(ctx.all_inputs(x), ctx.rank, 1.0, 11, seq)
+    assert first_difference(out, want) is None, f"reduce_scatter: {first_difference(out, want)}"
+
+
+@case
+def stochastic_rounding_repeats_for_a_seed_and_differs_for_another(ctx):
+    x = ctx.spread(40_000)
+    results = []
+    for seed in (5, 5, 6):
+        t = x.clone()
+        dist.all_reduce(t, group=sr_group(seed))
+        results.append(t)
+    assert torch.equal(results[0], results[1])
+    assert (results[0] != results[2]).float().mean() > 0.1, "another seed moves many elements"
+    nearest = x.clone()
+    dist.all_reduce(nearest, group=ctx.group)
+    assert (results[0] != nearest).float().mean() > 0.1, "stochastic rounding is not rounding to nearest"
 
 
 @case

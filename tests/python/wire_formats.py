@@ -267,19 +267,79 @@ def nv_decode(codes, elements, part, n):
     return (values.view(-1, NV_BLOCK) * scales[:, None]).reshape(-1)[:n]
 
 
+def _nv_part(x, pre):
+    """x (fp32) times fp32(pre), padded with zeros to whole blocks of 16; None for no values."""
+    pre32 = torch.tensor(pre, dtype=torch.float32).item()
+    v = x.float() * pre32
+    if not v.numel():
+        return None
+    padded = torch.zeros(-(-v.numel() // NV_BLOCK) * NV_BLOCK)
+    padded[:v.numel()] = v
+    return padded
+
+
 def nv_framed(x, pre=1.0):
     """x (fp32) times fp32(pre) through an NVFP4 frame of its own, as the owner decodes it: the part
     scale from these values, blocks of 16 (the last padded with zeros)."""
-    pre32 = torch.tensor(pre, dtype=torch.float32).item()
-    v = x.float() * pre32
-    n = v.numel()
-    if not n:
-        return v
-    padded = torch.zeros(-(-n // NV_BLOCK) * NV_BLOCK)
-    padded[:n] = v
+    padded = _nv_part(x, pre)
+    if padded is None:
+        return x.float()
     part = nv_part_scale(padded)
     codes, elements = nv_blocks(padded, part)
-    return nv_decode(codes, elements, part, n)
+    return nv_decode(codes, elements, part, x.numel())
+
+
+def nv_framed_sr(x, pre, seed, seq, rank, phase, first):
+    """nv_framed with stochastically rounded elements (compress/stochastic.h, stochastic_e2m1_value): the
+    block scales as torchao computes them (these are its operations, in its order), each element's
+    magnitude min(|q|, 6) moved to the e2m1 value above with probability its distance from the one below
+    over the step between them, by element first + i's random word (random_bits)."""
+    padded = _nv_part(x, pre)
+    if padded is None:
+        return x.float()
+    part = nv_part_scale(padded)
+    blocks = padded.view(-1, NV_BLOCK)
+    finite = blocks.isfinite().all(1)
+    clean = blocks.masked_fill(~finite[:, None], 0)
+    s = torch.clamp((clean.abs().amax(1) / 6.0) / part, min=2.0**-6, max=448.0)
+    scale = s.to(torch.float8_e4m3fn).float()
+    q = clean * ((1.0 / part) / scale)[:, None]
+    a = torch.clamp(q.abs(), max=6.0)
+    spacing = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0))
+    steps = a * (1.0 / spacing)
+    whole = torch.floor(steps)
+    bits = random_bits(first, padded.numel(), seed, seq, rank, phase)
+    u = torch.from_numpy((bits >> np.uint64(8)).astype(np.float32) * np.float32(2.0**-24)).view(-1, NV_BLOCK)
+    magnitude = (whole + (u < steps - whole).float()) * spacing
+    decoded = torch.copysign(magnitude, q) * (part * scale)[:, None]
+    return decoded.masked_fill(~finite[:, None], float("nan")).reshape(-1)[:x.numel()]
+
+
+def nv_allreduce_sr(inputs, pre, seed, seq):
+    """An allreduce on nvfp4 with rounding=sr, number `seq` of its group's stochastic collectives: parts of
+    ceil(n / ranks), each rank's part p rounded with its own bits from index p x part on, the owner's sums
+    with the sums' (ANY_OWNER, RESULT)."""
+    n, world = inputs[0].numel(), len(inputs)
+    c = -(-n // world)
+    out = []
+    for p in range(world):
+        acc = None
+        for r, x in enumerate(inputs):
+            d = nv_framed_sr(x[p * c:(p + 1) * c], pre, seed, seq, r, CONTRIBUTION, p * c)
+            acc = d if acc is None else acc + d
+        out.append(nv_framed_sr(acc, 1.0, seed, seq, ANY_OWNER, RESULT, p * c))
+    return torch.cat(out)
+
+
+def nv_reduce_scatter_sr(inputs, rank, pre, seed, seq):
+    """This rank's output of a reduce_scatter_tensor on nvfp4 with rounding=sr: every rank's chunk `rank`
+    rounded with its own bits from index rank x each on, summed in fp32 in rank order, not rounded."""
+    each = inputs[0].numel() // len(inputs)
+    acc = None
+    for r, x in enumerate(inputs):
+        d = nv_framed_sr(x[rank * each:(rank + 1) * each], pre, seed, seq, r, CONTRIBUTION, rank * each)
+        acc = d if acc is None else acc + d
+    return acc
 
 
 # A wire per level (docs/numerics.md, "A wire per level"): the host path's sums across hosts that share

@@ -133,6 +133,10 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
   const int size = size_;
   const int64_t n = tensor.numel(), count = (n + size - 1) / size;
   const LevelCodec codec(plan.wire, count, plan.mx_scale);
+  // Stochastic rounding (NVFP4's only): each value takes the bits of its index in the tensor.
+  const auto dithered = dithers(plan, size_t(n));
+  const compress::Dither contributions = dithered.first, of_sums = dithered.second;
+  const bool stochastic = plan.stochastic;
   const size_t units = codec.units(), width = codec.elem(), wide = tensor.element_size();
   const at::ScalarType dtype = tensor.scalar_type();
   // The owners' frames are restored as their pieces come: into the tensor, or into a staging copy
@@ -161,8 +165,9 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
   step.algorithm = [=, this](const Buffers& b) {
     const ChunkProduce produce = [=](size_t first, size_t len, char* dst) {
       const size_t q = first / units;
-      codec.encode({&(*rows)[q], count, plan.pre_scale, (*mine)[q]}, first - q * units, len,
-                   reinterpret_cast<uint8_t*>(dst));
+      codec.encode({&(*rows)[q], count, plan.pre_scale, (*mine)[q], stochastic ? &contributions : nullptr,
+                    q * uint64_t(count)},
+                   first - q * units, len, reinterpret_cast<uint8_t*>(dst));
     };
     const RankSum sum = [=](const char* const* in, char* dst, size_t first, size_t len) {
       const float a = codec.sum(reinterpret_cast<const uint8_t* const*>(in), size, heard->data(),
@@ -190,7 +195,8 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
     });
     const ChunkProduce frame_sum = [&](size_t first, size_t len, char* dst) {
       const compress::CensusSamplesPaused not_a_contribution;
-      codec.encode({&total, count, 1.0, k}, first % units, len, reinterpret_cast<uint8_t*>(dst));
+      codec.encode({&total, count, 1.0, k, stochastic ? &of_sums : nullptr, uint64_t(rank_) * uint64_t(count)},
+                   first % units, len, reinterpret_cast<uint8_t*>(dst));
     };
     char* y = direct ? static_cast<char*>(tensor.data_ptr()) : b.workspace + sums_bytes;
     const ChunkConsume restore = [=](size_t first, size_t len, const char* piece) {
@@ -218,6 +224,8 @@ HostPath::Step HostPath::framed_reduce_scatter_step(const std::vector<at::Tensor
   const int64_t each = output.numel();
   const LevelCodec codec(plan.wire, each, plan.mx_scale);
   const size_t units = codec.units();
+  const compress::Dither contributions = dithers(plan, size_t(each) * size_t(size)).first;
+  const bool stochastic = plan.stochastic;
   auto rows = std::make_shared<Rows>();
   auto mine = std::make_shared<std::vector<int32_t>>(size);
   auto heard = std::make_shared<std::vector<int32_t>>(size);
@@ -233,8 +241,9 @@ HostPath::Step HostPath::framed_reduce_scatter_step(const std::vector<at::Tensor
   step.algorithm = [=, this](const Buffers& b) {
     const ChunkProduce produce = [=](size_t first, size_t len, char* dst) {
       const size_t q = first / units;
-      codec.encode({&(*rows)[q], each, plan.pre_scale, (*mine)[q]}, first - q * units, len,
-                   reinterpret_cast<uint8_t*>(dst));
+      codec.encode({&(*rows)[q], each, plan.pre_scale, (*mine)[q], stochastic ? &contributions : nullptr,
+                    q * uint64_t(each)},
+                   first - q * units, len, reinterpret_cast<uint8_t*>(dst));
     };
     const RankSum sum = [=](const char* const* in, char* dst, size_t first, size_t len) {
       codec.sum(reinterpret_cast<const uint8_t* const*>(in), size, heard->data(), first % units, len,

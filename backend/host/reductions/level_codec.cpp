@@ -168,6 +168,9 @@ void LevelCodec::encode(const Row& row, size_t u, size_t k, uint8_t* dst) const 
   const auto [at, len] = values_of(u, k);
   const float part = float_of(row.k);
   auto encode_run = [&](const auto* v, size_t have, size_t total) {
+    if (form_ == Form::kPartBlocks && row.dither) {
+      return compress::nv_encode(v, have, total, float(row.scale), part, dst, *row.dither, row.first + at);
+    }
     if (form_ == Form::kPartBlocks) return compress::nv_encode(v, have, total, float(row.scale), part, dst);
     compress::mx_encode(v, have, total, float(row.scale), wire_, mx_scale_, dst);
   };

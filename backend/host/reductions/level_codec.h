@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "compress/codec.h"
+#include "compress/stochastic.h"
 
 namespace cnccl::host {
 
@@ -32,11 +33,15 @@ class LevelCodec {
   // A contribution: a part's values in pieces of `segment` values each, one after another, read where
   // they lie (fp32 or fp64, contiguous; the last may be short, and values past the pieces are +0), each
   // multiplied by `scale`; a frame's exponent `k` (exponent(): an NVFP4 part scale's bits).
+  // An NVFP4 row's elements are rounded stochastically where `dither` is given, value i taking the bits
+  // of index first + i (compress/stochastic.h).
   struct Row {
     const std::vector<at::Tensor>* pieces;
     int64_t segment;
     double scale;
     int32_t k = 0;
+    const compress::Dither* dither = nullptr;
+    uint64_t first = 0;
   };
 
   // `wire` null: fp32.
