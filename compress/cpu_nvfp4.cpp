@@ -49,9 +49,9 @@ class RandomWords {
   uint32_t operator()(uint64_t index) {
     if (index >> 2 != block_index_) {
       block_index_ = index >> 2;
-      block_ = philox4x32_10(static_cast<uint32_t>(block_index_), dither_.seq, dither_.rank,
-                             dither_.phase + 2 * static_cast<uint32_t>(index >> 34), static_cast<uint32_t>(dither_.seed),
-                             static_cast<uint32_t>(dither_.seed >> 32));
+      const uint32_t phase = dither_.phase + 2 * static_cast<uint32_t>(index >> 34);
+      block_ = philox4x32_10(static_cast<uint32_t>(block_index_), dither_.seq, dither_.rank, phase,
+                             static_cast<uint32_t>(dither_.seed), static_cast<uint32_t>(dither_.seed >> 32));
     }
     return block_.word[index & 3];
   }

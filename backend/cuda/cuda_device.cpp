@@ -203,10 +203,12 @@ class CudaDevice final : public composed::Device {
     });
   }
 
-  // Stochastically rounded frames are NVFP4's only, which check_frames refuses: no dither is read here.
+  // Stochastically rounded frames are NVFP4's only, which check_frames refuses: no dither is read here,
+  // and a stochastic plan that reached these kernels would be rounded to nearest without it.
   void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan, const at::Tensor& frames,
                      const compress::Dither& /*dither*/) override {
     check_frames(frames, count, plan);
+    TORCH_INTERNAL_ASSERT(!plan.stochastic, "cnccl: the CUDA frame kernels round to nearest only");
     TORCH_CHECK(frames.size(0) == int64_t(rows.size()), "cnccl: ", rows.size(), " rows for ", frames.size(0),
                 " frames");
     const c10::cuda::CUDAGuard guard(frames.device());
@@ -228,6 +230,7 @@ class CudaDevice final : public composed::Device {
   void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out,
                   const compress::Dither& /*dither*/, uint64_t /*first*/) override {
     check_frames(frames, count, plan);
+    TORCH_INTERNAL_ASSERT(!plan.stochastic, "cnccl: the CUDA frame kernels round to nearest only");
     check_frames(out.view({1, out.numel()}), count, plan);
     TORCH_CHECK(out.device() == frames.device(), "cnccl: a frame sum's output on ", out.device());
     const c10::cuda::CUDAGuard guard(frames.device());

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "compress/codec.h"
+#include "compress/formats.h"
 #include "compress/stochastic.h"
 #include "cpu_paths.h"
 
@@ -202,7 +203,27 @@ TEST(CodecNvfp4, StochasticRoundingIsUnbiased) {
     const float a = std::fabs(v[i]);
     const double step = a < 2 ? 0.5 : a < 4 ? 1.0 : 2.0, bound = 5 * step / (2 * std::sqrt(double(kSeeds)));
     EXPECT_LE(std::fabs(mean[i] - v[i]), bound) << "element " << i << " = " << v[i] << ": mean " << mean[i];
-    EXPECT_GT(std::fabs(nearest[i] - v[i]), bound) << "element " << i << ": the test's values must be off the grid";
+    EXPECT_GT(std::fabs(nearest[i] - v[i]), bound) << "element " << i << ": off the grid, for the test to mean it";
+  }
+}
+
+// Each element takes the random word of its own index (compress/stochastic.h, random_bits), across the
+// index 2^34 where the words' counter changes phase: the run's elements from index 2^34 - 20 on, each
+// against stochastic_e2m1_value of its word. P = 1 and S = 1 as above, so each element's q is its value.
+TEST(CodecNvfp4, StochasticRoundingTakesEachIndexsWord) {
+  std::vector<float> v(48, 0.0f);
+  v[0] = 2688.0f;
+  for (size_t i = 16; i < 48; ++i) v[i] = i % 16 == 0 ? 6.0f : float(i % 7) * 0.7f * (i % 3 ? 1.0f : -1.0f);
+  const uint64_t first = (uint64_t(1) << 34) - 20;
+  const Dither dither = contribution_dither(0x1234567890ABCDEFull, 9, 3);
+  std::vector<uint8_t> bytes(nv_bytes(v.size()));
+  nv_encode(v.data(), v.size(), v.size(), 1.0f, nv_part_scale(v.data(), v.size(), 1.0f), bytes.data(), dither, first);
+  const uint8_t* elements = bytes.data() + v.size() / kNvBlock;
+  for (size_t i = 16; i < v.size(); ++i) {
+    const float a = std::fabs(v[i]);
+    const float value = stochastic_e2m1_value(std::min(a, 6.0f), random_bits(dither, first + i));
+    const uint8_t code = uint8_t((std::signbit(v[i]) ? 8 : 0) | formats::e2m1_code(value));
+    EXPECT_EQ((elements[i / 2] >> (i % 2 * 4)) & 0xF, code) << "element " << i << " (index 2^34 - 20 + " << i << ")";
   }
 }
 

@@ -278,7 +278,8 @@ def sr_group(seed):
 def stochastic_rounding_equals_its_emulation(ctx):
     """rounding=sr: every element of every contribution and of every owner's sums rounded up or down by
     its own random bits (its index in the tensor, the collective's number in the group, the rank or the
-    owners' word); allreduce (SUM, AVG) and reduce_scatter in one group, numbered 0, 1, 2 as they come."""
+    owners' word); allreduce (SUM, AVG), reduce_scatter, an empty allreduce and an allreduce in one group,
+    numbered 0, 1, 2, none, 3 as they come."""
     g = sr_group(11)
     seq = 0
     for op, n in ((R.SUM, 100_003), (R.AVG, 5_040)):
@@ -293,6 +294,13 @@ def stochastic_rounding_equals_its_emulation(ctx):
     dist.reduce_scatter_tensor(out, x, group=g)
     want = nv_reduce_scatter_sr(ctx.all_inputs(x), ctx.rank, 1.0, 11, seq)
     assert first_difference(out, want) is None, f"reduce_scatter: {first_difference(out, want)}"
+    # An empty tensor takes no number; the next allreduce is number 3.
+    dist.all_reduce(torch.empty(0), group=g)
+    x = ctx.spread(777)
+    t = x.clone()
+    dist.all_reduce(t, group=g)
+    want = nv_allreduce_sr(ctx.all_inputs(x), 1.0, 11, seq + 1)
+    assert first_difference(t, want) is None, f"after the reduce_scatter: {first_difference(t, want)}"
 
 
 @case
