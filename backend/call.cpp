@@ -26,7 +26,8 @@ std::string describe(const at::Tensor& t, const Plan& plan, RedOp op) {
                              ? ", MX blocks (" + std::string(compress::mx_scale_name(plan.mx_scale)) + " scales)"
                          : plan.wire == compress::Wire::kNvfp4 ? std::string(", NVFP4 blocks")
                                                                : ", pow2 frames")
-                      : "");
+                      : "") +
+         (plan.rotated ? ", Hadamard rotation with signs " + std::to_string(plan.rotation_signs) : "");
 }
 std::string with_root(std::string what, int64_t root) { return what + ", root " + std::to_string(root); }
 

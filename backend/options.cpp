@@ -84,6 +84,13 @@ Scaling parse_scaling(const std::string& value, const char* source) {
   TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: none, pow2");
 }
 
+Rotation parse_rotation(const std::string& value, const char* source) {
+  const std::string v = lower(value);
+  if (v == "none") return Rotation::kNone;
+  if (v == "hadamard") return Rotation::kHadamard;
+  TORCH_CHECK_VALUE(false, "cnccl: ", source, "='", value, "' is not valid; allowed: none, hadamard");
+}
+
 uint64_t parse_seed(const std::string& value, const char* source) {
   char* end = nullptr;
   errno = 0;
@@ -169,6 +176,7 @@ Config Options::resolve() const {
   if (auto v = env("CNCCL_ROUNDING")) c.rounding = parse_rounding(*v, "CNCCL_ROUNDING");
   if (auto v = env("CNCCL_SR_SEED")) c.sr_seed = parse_seed(*v, "CNCCL_SR_SEED");
   if (auto v = env("CNCCL_SCALING")) c.scaling = parse_scaling(*v, "CNCCL_SCALING");
+  if (auto v = env("CNCCL_ROTATION")) c.rotation = parse_rotation(*v, "CNCCL_ROTATION");
   if (auto v = env("CNCCL_UNTOUCHED_ON_FAILURE")) {
     c.untouched_on_failure = parse_bool(*v, "CNCCL_UNTOUCHED_ON_FAILURE");
   }
@@ -190,6 +198,7 @@ Config Options::resolve() const {
   if (rounding) c.rounding = parse_rounding(*rounding, "Options.rounding");
   if (sr_seed) c.sr_seed = static_cast<uint64_t>(*sr_seed);
   if (scaling) c.scaling = parse_scaling(*scaling, "Options.scaling");
+  if (rotation) c.rotation = parse_rotation(*rotation, "Options.rotation");
   if (untouched_on_failure) c.untouched_on_failure = *untouched_on_failure;
   if (telemetry) c.telemetry = parse_telemetry(*telemetry, "Options.telemetry");
   if (mx_scale) c.mx_scale = parse_mx_scale(*mx_scale, "Options.mx_scale");
@@ -223,6 +232,12 @@ Config Options::resolve() const {
   TORCH_CHECK_VALUE(c.scaling != Scaling::kPow2 || c.rounding != Rounding::kStochastic,
                     "cnccl: scaling=pow2 (CNCCL_SCALING / Options.scaling) does not yet combine with rounding=sr "
                     "(CNCCL_ROUNDING / Options.rounding); use rounding=rne");
+  // The rotation runs on the host path's sums, around whichever wire: not on gloo's, nor per level.
+  TORCH_CHECK_VALUE(c.rotation == Rotation::kNone || (c.wire && !c.per_level() && c.cpu_engine == CpuEngine::kUcx),
+                    "cnccl: rotation=hadamard (CNCCL_ROTATION / Options.rotation) needs a compressed wire_dtype, ",
+                    "cpu_engine=ucx (the host path; it is not built for gloo's sums) and no inter_host_wire; got ",
+                    "wire_dtype=", c.wire_name(), ", cpu_engine=", c.cpu_engine_name(), ", inter_host_wire=",
+                    c.wire_across_name());
   const bool fp8 = c.wire == compress::Wire::kE4m3 || c.wire == compress::Wire::kE5m2;
   TORCH_CHECK_VALUE(!fp8 || (c.accumulate == Accumulate::kFp32 && c.scaling == Scaling::kPow2), "cnccl: wire_dtype=",
                     c.wire_name(), " (CNCCL_WIRE_DTYPE / Options.wire_dtype) needs accumulate=fp32 and scaling=pow2 "
@@ -243,8 +258,9 @@ std::string Config::bytes_settings() const {
                      ", sum_scaling=" + (sum_scaling == SumScaling::kWorld ? "world" : "none") +
                      ", compress_fp64=" + (compress_fp64 ? "1" : "0") + ", accumulate=" + accumulate_name() +
                      ", rounding=" + rounding_name();
-  if (rounding == Rounding::kStochastic) text += ", sr_seed=" + std::to_string(sr_seed);
+  if (rounding == Rounding::kStochastic || rotation == Rotation::kHadamard) text += ", sr_seed=" + std::to_string(sr_seed);
   text += ", scaling=" + std::string(scaling_name());
+  if (rotation == Rotation::kHadamard) text += ", rotation=hadamard";
   if (compress::is_mx(*wire) || per_level()) text += ", mx_scale=" + std::string(compress::mx_scale_name(mx_scale));
   return text + levels;
 }

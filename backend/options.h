@@ -35,6 +35,10 @@ enum class Rounding : uint8_t { kNearest, kStochastic };
 // exponent picked from its amax (backend/frames.h; needs accumulate=fp32, where cnccl decodes
 // every contribution itself).
 enum class Scaling : uint8_t { kNone, kPow2 };
+// Whether a compressed sum's values travel as they are, or each block of 16 rotated by a signed Hadamard
+// matrix first and rotated back once the sum is in (compress/codec.h, rotate; docs/design.md, "Block
+// rotation"): a block's outliers spread over its elements before a coarse wire rounds them.
+enum class Rotation : uint8_t { kNone, kHadamard };
 
 // What cnccl.stats() learns of the casts (docs/design.md, "Telemetry"): nothing; the counts of values
 // that were not finite or overflowed (the default: they cost nothing measurable); those and the
@@ -54,6 +58,7 @@ struct Config {
   Rounding rounding = Rounding::kNearest;
   uint64_t sr_seed = 0;
   Scaling scaling = Scaling::kNone;
+  Rotation rotation = Rotation::kNone;  // its signs keyed by sr_seed
   // Whether a failed shared-memory allreduce must leave the caller's tensor as it was: results then
   // land in a workspace and are restored only once every chunk is in, one more pass over memory
   // (docs/design.md, "Shared memory"). Off by default, as with NCCL and gloo, whose failed
@@ -78,6 +83,7 @@ struct Config {
   const char* accumulate_name() const { return accumulate == Accumulate::kFp32 ? "fp32" : "wire"; }
   const char* rounding_name() const { return rounding == Rounding::kStochastic ? "sr" : "rne"; }
   const char* scaling_name() const { return scaling == Scaling::kPow2 ? "pow2" : "none"; }
+  const char* rotation_name() const { return rotation == Rotation::kHadamard ? "hadamard" : "none"; }
   const char* telemetry_name() const {
     return telemetry == Telemetry::kOff ? "off" : telemetry == Telemetry::kError ? "error" : "counts";
   }
@@ -99,7 +105,7 @@ void agree_on_settings(c10d::Store& store, const std::string& key, int rank, int
 struct Options : c10d::Backend::Options {
   explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout);
 
-  std::optional<std::string> wire_dtype;   // fp16 | bf16 | e4m3 | e5m2 | mxfp8 | mxfp8_e5m2 | mxfp4 | none
+  std::optional<std::string> wire_dtype;   // fp16 | bf16 | e4m3 | e5m2 | mxfp8 | mxfp8_e5m2 | mxfp4 | nvfp4 | none
   std::optional<int64_t> min_bytes;        // >= 0
   std::optional<std::string> sum_scaling;  // none | world
   std::optional<bool> compress_fp64;
@@ -110,6 +116,7 @@ struct Options : c10d::Backend::Options {
   std::optional<std::string> rounding;     // rne | sr
   std::optional<int64_t> sr_seed;          // any integer (its 64 bits key Philox)
   std::optional<std::string> scaling;      // none | pow2
+  std::optional<std::string> rotation;     // none | hadamard
   std::optional<bool> untouched_on_failure;
   std::optional<std::string> telemetry;    // off | counts | error
   std::optional<std::string> mx_scale;     // rceil | floor

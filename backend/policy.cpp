@@ -94,6 +94,8 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
   plan.sr_seed = config.sr_seed;
   plan.framed = plan.fp32_sum && (config.scaling == Scaling::kPow2 || compress::is_blocks(plan.wire));
   plan.mx_scale = config.mx_scale;
+  plan.rotated = plan.compress && sum_like && config.rotation == Rotation::kHadamard;
+  if (plan.rotated) plan.rotation_signs = compress::rotation_signs(config.sr_seed);
   if (config.per_level() && wide_float && sum_like && nbytes >= config.min_bytes) {
     plan.per_level = plan.compress = plan.fp32_sum = plan.framed = true;
     plan.stochastic = false;

@@ -38,6 +38,10 @@ struct Plan {
   bool framed = false;
   // An MX wire's block scale rule (Config::mx_scale).
   compress::MxScale mx_scale = compress::MxScale::kRceil;
+  // A compressed sum's values rotated in blocks of 16 before they are sent and back once the sum is in
+  // (Config::rotation; compress/codec.h, rotate), with these signs.
+  bool rotated = false;
+  uint16_t rotation_signs = 0;
   // A wire per level (Config::per_level; docs/design.md, "A wire per level"): a sum the host path runs
   // through each host's shared memory in `inside` and between hosts in `across` (nullopt: fp32 as it
   // is), with fp32 sums at each level. `wire` is then `across` where it is set; fp32_sum and framed hold.

@@ -169,6 +169,9 @@ c10d::Backend& ProcessGroupCNCCL::reducing_path_for(const at::Tensor& t, const c
                     "NCCL decides the topology. Make CUDA tensors' reductions on a group without inter_host_wire");
   // Only tensors the wire could carry: 16-bit and integer CUDA tensors never use it.
   const bool wide = t.defined() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+  TORCH_CHECK_VALUE(!(wide && t.is_cuda() && config_.rotation == Rotation::kHadamard), "cnccl ", op,
+                    ": rotation=hadamard (CNCCL_ROTATION / Options.rotation) runs on the host path only, so far: ",
+                    "CUDA tensors' reductions cannot use it");
   TORCH_CHECK_VALUE(!(wide && t.is_cuda() && config_.wire == compress::Wire::kNvfp4), "cnccl ", op,
                     ": wire_dtype=nvfp4 (CNCCL_WIRE_DTYPE / Options.wire_dtype) has CPU kernels only, so far: CUDA ",
                     "tensors' reductions cannot use it. Use mxfp4 for a 4-bit wire on CUDA tensors");

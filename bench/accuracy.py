@@ -63,17 +63,28 @@ CNCCL_RUNS = {  # name -> cnccl.Options fields
     "cnccl mxfp4, accumulate=fp32, floor": {"wire_dtype": "mxfp4", "accumulate": "fp32", "mx_scale": "floor"},
     "cnccl nvfp4, accumulate=fp32": {"wire_dtype": "nvfp4", "accumulate": "fp32"},
     "cnccl nvfp4, accumulate=fp32, sr": {"wire_dtype": "nvfp4", "accumulate": "fp32", "rounding": "sr"},
+    "cnccl mxfp8, accumulate=fp32, hadamard": {"wire_dtype": "mxfp8", "accumulate": "fp32", "rotation": "hadamard"},
+    "cnccl mxfp4, accumulate=fp32, hadamard": {"wire_dtype": "mxfp4", "accumulate": "fp32", "rotation": "hadamard"},
+    "cnccl nvfp4, accumulate=fp32, hadamard": {"wire_dtype": "nvfp4", "accumulate": "fp32", "rotation": "hadamard"},
+    "cnccl nvfp4, accumulate=fp32, sr, hadamard": {"wire_dtype": "nvfp4", "accumulate": "fp32", "rounding": "sr",
+                                                   "rotation": "hadamard"},
 }
 PER_PART_E4M3 = "cnccl e4m3, accumulate=fp32, pow2"
 LONG_RUNS = ["cnccl fp16", "cnccl e4m3, accumulate=fp32, pow2", "cnccl mxfp8, accumulate=fp32",
              "cnccl mxfp8, accumulate=fp32, floor", "cnccl mxfp4, accumulate=fp32", "cnccl nvfp4, accumulate=fp32",
-             "cnccl nvfp4, accumulate=fp32, sr"]
+             "cnccl nvfp4, accumulate=fp32, sr", "cnccl mxfp4, accumulate=fp32, hadamard",
+             "cnccl nvfp4, accumulate=fp32, hadamard", "cnccl nvfp4, accumulate=fp32, sr, hadamard"]
 # One encoding of heavy-tailed values: (label, wire, mx_scale).
 BLOCK_ERROR_RUNS = [("e4m3, one exponent a part", "e4m3", "rceil"), ("mxfp8, rceil", "mxfp8", "rceil"),
                     ("mxfp8, floor", "mxfp8", "floor"), ("mxfp4, rceil", "mxfp4", "rceil"),
                     ("mxfp4, floor", "mxfp4", "floor"), ("nvfp4", "nvfp4", "rceil")]
+# The same values rotated (rotation=hadamard, the signs of seed 0) before the encoding and back after.
+ROTATED_BLOCK_ERROR_RUNS = [("mxfp8, rceil, hadamard", "mxfp8"), ("mxfp4, rceil, hadamard", "mxfp4"),
+                            ("nvfp4, hadamard", "nvfp4")]
 # The 4-bit wires, against mxfp8 (issue: the best within 2.5x mxfp8's distance).
-FOUR_BIT = ["cnccl mxfp4, accumulate=fp32", "cnccl nvfp4, accumulate=fp32", "cnccl nvfp4, accumulate=fp32, sr"]
+FOUR_BIT = ["cnccl mxfp4, accumulate=fp32", "cnccl nvfp4, accumulate=fp32", "cnccl nvfp4, accumulate=fp32, sr",
+            "cnccl mxfp4, accumulate=fp32, hadamard", "cnccl nvfp4, accumulate=fp32, hadamard",
+            "cnccl nvfp4, accumulate=fp32, sr, hadamard"]
 EIGHT_BIT = "cnccl mxfp8, accumulate=fp32"
 FOUR_BIT_GOAL = 2.5
 # A wire per level, (inside a host | across hosts), against mxfp8 everywhere, on 2 hosts x 2 ranks.
@@ -228,9 +239,17 @@ def block_errors(n=1 << 20):
 
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(n, generator=gen) * torch.exp(2 * torch.randn(n, generator=gen))
+    from wire_formats import hadamard, rotation_signs
+
+    signs = rotation_signs(0)
+    runs = [(label, wire, rule, False) for label, wire, rule in BLOCK_ERROR_RUNS]
+    runs += [(label, wire, "rceil", True) for label, wire in ROTATED_BLOCK_ERROR_RUNS]
     out = {}
-    for label, wire, rule in BLOCK_ERROR_RUNS:
-        decoded = _C._decode_frames(_C._encode_frames([x], n, 1.0, wire, rule), n, wire)[0]
+    for label, wire, rule, rotated in runs:
+        v = hadamard(x, signs) if rotated else x
+        decoded = _C._decode_frames(_C._encode_frames([v], n, 1.0, wire, rule), n, wire)[0]
+        if rotated:
+            decoded = hadamard(decoded, signs, forward=False)
         err = (decoded.double() - x.double()).abs()
         out[label] = {"l2": (err.norm() / x.double().norm()).item(),
                       "per_element": (err / x.double().abs()).mean().item(),

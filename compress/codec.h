@@ -231,4 +231,19 @@ float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size
 void nv_restore(const uint8_t* src, size_t count, float part, float* dst, size_t n, float post);
 void nv_restore(const uint8_t* src, size_t count, float part, double* dst, size_t n, float post);
 
+// The block rotation (cpu_rotation.cpp; docs/design.md, "Block rotation"): each whole block of 16 values
+// becomes y = H · D · x / 4, H the 16 x 16 Sylvester Hadamard matrix (entries +-1) and D the diagonal of
+// signs (bit j of `signs` set: D's j-th entry is -1); orthonormal, so unrotate(), x = D · H · y / 4, undoes
+// it up to rounding. H · v is formed by butterflies at strides 1, 2, 4, 8 (each pair (a, b) becoming
+// (a + b, a - b)), each add rounded in the values' precision; the sign and the 1/4 are exact (but among
+// subnormals). The last n % 16 values are copied as they are. src and dst may be the same buffer.
+inline constexpr size_t kRotationBlock = 16;
+// D's signs for a seed: the low 16 bits of the first word of Philox4x32-10 keyed by the seed at the
+// counter (2^32 - 1, 2^32 - 1, 2^32 - 1, 2^32 - 1), which no stochastic rounding uses (compress/stochastic.h).
+uint16_t rotation_signs(uint64_t seed);
+void rotate(const float* src, float* dst, size_t n, uint16_t signs);
+void rotate(const double* src, double* dst, size_t n, uint16_t signs);
+void unrotate(const float* src, float* dst, size_t n, uint16_t signs);
+void unrotate(const double* src, double* dst, size_t n, uint16_t signs);
+
 }  // namespace cnccl::compress

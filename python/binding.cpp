@@ -72,7 +72,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
                        std::optional<std::string> shm,
                        std::optional<std::string> accumulate, std::optional<std::string> rounding,
                        std::optional<int64_t> sr_seed, std::optional<std::string> scaling,
-                       std::optional<bool> untouched_on_failure, std::optional<std::string> telemetry,
+                       std::optional<std::string> rotation, std::optional<bool> untouched_on_failure,
+                       std::optional<std::string> telemetry,
                        std::optional<std::string> mx_scale, std::optional<std::string> inter_host_wire,
                        std::chrono::milliseconds timeout) {
              auto o = c10::make_intrusive<cnccl::Options>(timeout);
@@ -87,6 +88,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
              o->rounding = std::move(rounding);
              o->sr_seed = sr_seed;
              o->scaling = std::move(scaling);
+             o->rotation = std::move(rotation);
              o->untouched_on_failure = untouched_on_failure;
              o->telemetry = std::move(telemetry);
              o->mx_scale = std::move(mx_scale);
@@ -99,7 +101,8 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
            py::arg("cpu_engine") = py::none(), py::arg("cuda_engine") = py::none(), py::arg("shm") = py::none(),
            py::arg("accumulate") = py::none(),
            py::arg("rounding") = py::none(), py::arg("sr_seed") = py::none(), py::arg("scaling") = py::none(),
-           py::arg("untouched_on_failure") = py::none(), py::arg("telemetry") = py::none(),
+           py::arg("rotation") = py::none(), py::arg("untouched_on_failure") = py::none(),
+           py::arg("telemetry") = py::none(),
            py::arg("mx_scale") = py::none(), py::arg("inter_host_wire") = py::none(),
            py::arg("timeout") = kBackendDefaultTimeout)
       .def_readwrite("wire_dtype", &cnccl::Options::wire_dtype)
@@ -113,6 +116,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
       .def_readwrite("rounding", &cnccl::Options::rounding)
       .def_readwrite("sr_seed", &cnccl::Options::sr_seed)
       .def_readwrite("scaling", &cnccl::Options::scaling)
+      .def_readwrite("rotation", &cnccl::Options::rotation)
       .def_readwrite("untouched_on_failure", &cnccl::Options::untouched_on_failure)
       .def_readwrite("telemetry", &cnccl::Options::telemetry)
       .def_readwrite("mx_scale", &cnccl::Options::mx_scale)
@@ -129,7 +133,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
                ", sum_scaling=" + show(o.sum_scaling) + ", compress_fp64=" + show(o.compress_fp64) +
                ", cpu_engine=" + show(o.cpu_engine) + ", cuda_engine=" + show(o.cuda_engine) + ", shm=" + show(o.shm) +
                ", accumulate=" + show(o.accumulate) + ", rounding=" + show(o.rounding) +
-               ", sr_seed=" + show(o.sr_seed) + ", scaling=" + show(o.scaling) +
+               ", sr_seed=" + show(o.sr_seed) + ", scaling=" + show(o.scaling) + ", rotation=" + show(o.rotation) +
                ", untouched_on_failure=" + show(o.untouched_on_failure) + ", telemetry=" + show(o.telemetry) +
                ", mx_scale=" + show(o.mx_scale) + ", inter_host_wire=" + show(o.inter_host_wire) + ")";
       });
@@ -177,6 +181,7 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
         d["rounding"] = c.rounding_name();
         d["sr_seed"] = c.sr_seed;
         d["scaling"] = c.scaling_name();
+        d["rotation"] = c.rotation_name();
         d["untouched_on_failure"] = c.untouched_on_failure;
         d["telemetry"] = c.telemetry_name();
         d["mx_scale"] = cnccl::compress::mx_scale_name(c.mx_scale);

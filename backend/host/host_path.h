@@ -137,6 +137,10 @@ class HostPath final : public c10d::Backend {
   Step framed_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan,
                                   bool on_shm);
   Step mx_allreduce_step(const at::Tensor& tensor, const Plan& plan, bool on_shm);
+  // With plan.rotated (reductions/rotated_reductions.cpp): the step without it on rotated copies, the result
+  // rotated back into the caller's tensor after its post.
+  Step rotated_allreduce_step(const at::Tensor& tensor, const Plan& plan);
+  Step rotated_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan);
   Step mx_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output, const Plan& plan,
                               bool on_shm);
   // Their forms with a wire per level (plan.per_level; reductions/level_reductions.cpp), on a group across hosts

@@ -546,6 +546,21 @@ def nvfp4_is_refused_on_cuda_tensors_by_name(ctx):
     assert torch.equal(y, torch.ones(1000))
 
 
+@case
+def rotation_is_refused_on_cuda_tensors_by_name(ctx):
+    """rotation=hadamard runs on the host path only: its group refuses CUDA tensors' fp32 reductions before
+    anything is queued; its CPU tensors still sum."""
+    g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="fp16", rotation="hadamard", min_bytes=0))
+    x = ctx.data(N)
+    before = x.clone()
+    with pytest.raises(ValueError, match=r"rotation=hadamard .* runs on the host path only"):
+        dist.all_reduce(x, group=g)
+    assert torch.equal(x, before)
+    y = torch.ones(1000)
+    dist.all_reduce(y, group=g)
+    assert torch.equal(y, torch.ones(1000))
+
+
 ENVS = {"default": {}, "blocking-wait": {"TORCH_NCCL_BLOCKING_WAIT": "1"}}
 
 

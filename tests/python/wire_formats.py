@@ -342,6 +342,35 @@ def nv_reduce_scatter_sr(inputs, rank, pre, seed, seq):
     return acc
 
 
+# The block rotation (docs/design.md, "Block rotation"), emulated with torch's own adds in the same order.
+ROTATION_BLOCK = 16
+
+
+def rotation_signs(seed):
+    """D's signs for a seed: the low 16 bits of Philox4x32-10's first word at counter (2^32 - 1, ...)."""
+    words = philox4x32_10(_MASK, _MASK, _MASK, _MASK, seed & _MASK, seed >> 32)
+    return int(words[0]) & 0xFFFF
+
+
+def hadamard(x, signs, forward=True):
+    """Each whole block of 16 of flat x (fp32 or fp64) as H · D · x / 4 (forward) or D · H · x / 4: the
+    butterflies at strides 1, 2, 4, 8, each pair (a, b) becoming (a + b, a - b); the rest as it is."""
+    v = x.reshape(-1).clone()
+    whole = v.numel() // ROTATION_BLOCK * ROTATION_BLOCK
+    d = torch.tensor([-1.0 if signs >> j & 1 else 1.0 for j in range(ROTATION_BLOCK)], dtype=v.dtype)
+    b = v[:whole].view(-1, ROTATION_BLOCK)
+    if forward:
+        b = b * d
+    for h in (1, 2, 4, 8):
+        pairs = b.reshape(-1, ROTATION_BLOCK // (2 * h), 2, h)
+        b = torch.stack([pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]], 2)
+    b = b.reshape(-1, ROTATION_BLOCK) * 0.25
+    if not forward:
+        b = b * d
+    v[:whole] = b.reshape(-1)
+    return v
+
+
 # A wire per level (docs/numerics.md, "A wire per level"): the host path's sums across hosts that share
 # memory inside each, emulated from every rank's input (rank h * per_host + l: host h, local rank l).
 def through_level(v, wire, pre=1.0, mx_scale="rceil"):

@@ -23,6 +23,7 @@ std::pair<compress::Dither, compress::Dither> HostPath::dithers(const Plan& plan
 }
 
 HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& plan) {
+  if (plan.rotated) return rotated_allreduce_step(tensor, plan);
   if (plan.per_level) return per_level_allreduce_step(tensor, plan);
   const size_t n = tensor.numel();
   const size_t elem = plan.compress ? 2 : tensor.element_size();
@@ -98,6 +99,7 @@ HostPath::Step HostPath::allreduce_step(const at::Tensor& tensor, const Plan& pl
 
 HostPath::Step HostPath::reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
                                              const Plan& plan) {
+  if (plan.rotated) return rotated_reduce_scatter_step(inputs, output, plan);
   if (plan.per_level) return per_level_reduce_scatter_step(inputs, output, plan);
   const size_t each = output.numel();
   const size_t elem = plan.compress ? 2 : output.element_size();

@@ -1,0 +1,78 @@
+// A compressed sum with the block rotation (plan.rotated; docs/design.md, "Block rotation"): the
+// reduction's own step runs on a rotated copy of the caller's values, and its result is rotated back
+// into the caller's tensor after the step's post. Owners add rotated values (the rotation is linear),
+// and each element is rotated back once, whatever the number of ranks. The caller's tensor is written
+// only then: a failed collective leaves it as it was.
+#include "backend/host/host_path.h"
+#include "backend/wide_data.h"
+#include "compress/codec.h"
+
+namespace cnccl::host {
+namespace {
+
+// dst (contiguous, flat) = rotate(src) or unrotate(src): src of any strides, both fp32 or both fp64.
+void rotate_into(const at::Tensor& src, const at::Tensor& dst, uint16_t signs, bool forward) {
+  const at::Tensor x = src.reshape({-1}).contiguous();
+  with_wide_data(dst, [&](auto* y) {
+    using T = std::remove_pointer_t<decltype(y)>;
+    const T* v = x.const_data_ptr<T>();
+    if (forward) return compress::rotate(v, y, size_t(x.numel()), signs);
+    compress::unrotate(v, y, size_t(x.numel()), signs);
+  });
+}
+
+// `out` (any strides) = unrotate(`rotated`), through a contiguous copy where `out` is not contiguous.
+void unrotate_into(const at::Tensor& rotated, const at::Tensor& out, uint16_t signs) {
+  if (out.is_contiguous()) return rotate_into(rotated, out.view({-1}), signs, false);
+  const at::Tensor flat = at::empty({out.numel()}, out.options());
+  rotate_into(rotated, flat, signs, false);
+  out.copy_(flat.view(out.sizes()));
+}
+
+Plan unrotated(const Plan& plan) {
+  Plan inner = plan;
+  inner.rotated = false;
+  return inner;
+}
+
+}  // namespace
+
+HostPath::Step HostPath::rotated_allreduce_step(const at::Tensor& tensor, const Plan& plan) {
+  const at::Tensor copy = at::empty({tensor.numel()}, tensor.options().memory_format(at::MemoryFormat::Contiguous));
+  Step step = allreduce_step(copy, unrotated(plan));
+  const uint16_t signs = plan.rotation_signs;
+  step.pre = [tensor, copy, signs, pre = std::move(step.pre)](const Buffers& b) {
+    rotate_into(tensor, copy, signs, true);
+    if (pre) pre(b);
+  };
+  step.post = [tensor, copy, signs, post = std::move(step.post)](const Buffers& b) {
+    if (post) post(b);
+    unrotate_into(copy, tensor, signs);
+  };
+  step.wrote_results = nullptr;  // into the copy only
+  return step;
+}
+
+HostPath::Step HostPath::rotated_reduce_scatter_step(const std::vector<at::Tensor>& inputs, const at::Tensor& output,
+                                                     const Plan& plan) {
+  // Each input is one rank's part, rotated on its own, so that its owner's output rotates back alone.
+  std::vector<at::Tensor> copies;
+  for (const auto& in : inputs) {
+    copies.push_back(at::empty({in.numel()}, in.options().memory_format(at::MemoryFormat::Contiguous)));
+  }
+  const at::Tensor result = at::empty({output.numel()}, output.options().memory_format(at::MemoryFormat::Contiguous));
+  Step step = reduce_scatter_step(copies, result, unrotated(plan));
+  const uint16_t signs = plan.rotation_signs;
+  step.pre = [inputs, copies, signs, pre = std::move(step.pre)](const Buffers& b) {
+    for (size_t i = 0; i < inputs.size(); ++i) rotate_into(inputs[i], copies[i], signs, true);
+    if (pre) pre(b);
+  };
+  step.post = [output, result, signs, post = std::move(step.post)](const Buffers& b) {
+    if (post) post(b);
+    unrotate_into(result, output, signs);
+  };
+  step.wrote_results = nullptr;
+  return step;
+}
+
+}  // namespace cnccl::host
