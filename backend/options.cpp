@@ -232,12 +232,14 @@ Config Options::resolve() const {
   TORCH_CHECK_VALUE(c.scaling != Scaling::kPow2 || c.rounding != Rounding::kStochastic,
                     "cnccl: scaling=pow2 (CNCCL_SCALING / Options.scaling) does not yet combine with rounding=sr "
                     "(CNCCL_ROUNDING / Options.rounding); use rounding=rne");
-  // The rotation runs on the host path's sums, around whichever wire: not on gloo's, nor per level.
+  // The rotation runs on the host path's sums, around whichever wire: not on gloo's, nor per level. (It
+  // changes no CUDA tensor's bytes, which refuse it: each CPU call's signature names it instead of
+  // bytes_settings.)
   TORCH_CHECK_VALUE(c.rotation == Rotation::kNone || (c.wire && !c.per_level() && c.cpu_engine == CpuEngine::kUcx),
                     "cnccl: rotation=hadamard (CNCCL_ROTATION / Options.rotation) needs a compressed wire_dtype, ",
-                    "cpu_engine=ucx (the host path; it is not built for gloo's sums) and no inter_host_wire; got ",
-                    "wire_dtype=", c.wire_name(), ", cpu_engine=", c.cpu_engine_name(), ", inter_host_wire=",
-                    c.wire_across_name());
+                    "cpu_engine=ucx (the host path; it is not built for gloo's sums) and no inter_host_wire other ",
+                    "than wire_dtype; got wire_dtype=", c.wire_name(), ", cpu_engine=", c.cpu_engine_name(),
+                    ", inter_host_wire=", c.inter_host_wire ? c.wire_across_name() : std::string("unset"));
   const bool fp8 = c.wire == compress::Wire::kE4m3 || c.wire == compress::Wire::kE5m2;
   TORCH_CHECK_VALUE(!fp8 || (c.accumulate == Accumulate::kFp32 && c.scaling == Scaling::kPow2), "cnccl: wire_dtype=",
                     c.wire_name(), " (CNCCL_WIRE_DTYPE / Options.wire_dtype) needs accumulate=fp32 and scaling=pow2 "
@@ -258,9 +260,8 @@ std::string Config::bytes_settings() const {
                      ", sum_scaling=" + (sum_scaling == SumScaling::kWorld ? "world" : "none") +
                      ", compress_fp64=" + (compress_fp64 ? "1" : "0") + ", accumulate=" + accumulate_name() +
                      ", rounding=" + rounding_name();
-  if (rounding == Rounding::kStochastic || rotation == Rotation::kHadamard) text += ", sr_seed=" + std::to_string(sr_seed);
+  if (rounding == Rounding::kStochastic) text += ", sr_seed=" + std::to_string(sr_seed);
   text += ", scaling=" + std::string(scaling_name());
-  if (rotation == Rotation::kHadamard) text += ", rotation=hadamard";
   if (compress::is_mx(*wire) || per_level()) text += ", mx_scale=" + std::string(compress::mx_scale_name(mx_scale));
   return text + levels;
 }
