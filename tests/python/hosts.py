@@ -104,9 +104,12 @@ class Nodes:
         """`python -m torch.distributed.run ... args` on every host, `per_host` ranks each (c10d rendezvous on
         the first host's address, UCX over TCP), waited for; returns the exit codes (None on a timeout) and
         the logs' paths. `node_env(node)` adds variables for one host's ranks."""
+        # The store listens inside the first host's namespace, where the last job's ranks may still hold
+        # ephemeral ports (32768-60999 on Linux: a UCX or gloo listener): a port below that range, varied by
+        # an ephemeral one of this process's, cannot meet them (one from 20000-39999 failed with EADDRINUSE).
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
-            port = 20000 + probe.getsockname()[1] % 20000
+            port = 20000 + probe.getsockname()[1] % 12000
         hosts = len(self.ns)
         procs, logs = [], []
         for node in range(hosts):
