@@ -181,6 +181,9 @@ c10d::Backend& ProcessGroupCNCCL::reducing_path_for(const at::Tensor& t, const c
 }
 
 c10d::Backend& ProcessGroupCNCCL::reducing_path_for(const std::vector<at::Tensor>& ts, const char* op) {
+  // Every tensor's refusals before any is forwarded: a coalesced call's path queues its first tensors'
+  // collectives before it reaches a later one.
+  for (size_t i = 1; i < ts.size(); ++i) reducing_path_for(ts[i], op);
   return ts.empty() ? *cpu_ : reducing_path_for(ts[0], op);
 }
 

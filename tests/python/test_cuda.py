@@ -536,6 +536,11 @@ def nvfp4_is_refused_on_cuda_tensors_by_name(ctx):
         with pytest.raises(ValueError, match=r"wire_dtype=nvfp4 .* has CPU kernels only"):
             call()
     assert torch.equal(x, before)
+    # A coalesced call whose first tensor the wire would not carry: refused before any is queued.
+    half_first = [x.half(), x]
+    with pytest.raises(ValueError, match=r"wire_dtype=nvfp4 .* has CPU kernels only"):
+        dist.all_reduce_coalesced(half_first, group=g)
+    assert torch.equal(half_first[1], before) and torch.equal(half_first[0], before.half())
     with pytest.raises(ValueError, match=r"wire_dtype=nvfp4 has CPU kernels only"):
         _C._encode_frames([x], N, 1.0, "nvfp4")
     half = x.half()
