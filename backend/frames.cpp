@@ -142,6 +142,8 @@ void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, co
     if (compress::is_mx(wire)) {
       // A short row's blocks are those of `count` values, its missing ones +0.
       with_wide_data(static_cast<const char*>(x.const_data_ptr()), x.scalar_type(), [&](const auto* row) {
+        if (dither) return compress::mx_encode(row, size_t(len), size_t(count), float(scale), wire, mx_scale, frame,
+                                               *dither, uint64_t(r) * uint64_t(count));
         compress::mx_encode(row, size_t(len), size_t(count), float(scale), wire, mx_scale, frame);
       });
       continue;
@@ -197,7 +199,10 @@ void sum_encode(const at::Tensor& frames, int64_t count, compress::Wire wire, co
   const compress::CensusSamplesPaused not_a_contribution;
   const int64_t filled = header_bytes(wire) + payload_bytes(count, wire);
   if (out.numel() > filled) std::memset(dst + filled, 0, size_t(out.numel() - filled));
-  if (compress::is_mx(wire)) return compress::mx_sum_encode(in.data(), in.size(), size_t(count), wire, mx_scale, dst);
+  if (compress::is_mx(wire)) {
+    if (dither) return compress::mx_sum_encode(in.data(), in.size(), size_t(count), wire, mx_scale, dst, *dither, first);
+    return compress::mx_sum_encode(in.data(), in.size(), size_t(count), wire, mx_scale, dst);
+  }
   if (wire == kNvfp4) {
     // The headers are read before any byte of `out` is written, and its own header after the blocks.
     const auto [runs, parts] = nv_decoding(in.data(), int64_t(in.size()));

@@ -33,8 +33,8 @@ int64_t frame_bytes(int64_t count, compress::Wire wire);
 // compress::cast(rows[r], s * 2^k): each value times that exact scale, rounded to the wire. The
 // largest lands in [2^(emax-1), 2^emax): rounding up never overflows. An MX wire's frame is its blocks,
 // each scaled by `mx_scale`'s rule (compress::mx_encode); other wires ignore it.
-// `dither`: an NVFP4 frame's elements rounded stochastically (compress/stochastic.h), row r's value i
-// taking the bits of index r x count + i; other wires ignore it.
+// `dither`: a block frame's elements (MX, NVFP4) rounded stochastically (compress/stochastic.h), row r's
+// value i taking the bits of index r x count + i; other wires ignore it.
 void encode(const std::vector<at::Tensor>& rows, int64_t count, double scale, compress::Wire wire,
             compress::MxScale mx_scale, const at::Tensor& frames, const compress::Dither* dither = nullptr);
 // `flat` cut into `parts` rows of `count` elements (the last ones short or empty).

@@ -206,13 +206,11 @@ Config Options::resolve() const {
   check_levels(c);
   // Blocks first, naming everything they need at once: the general rules below would each name one of them.
   const bool mx = c.wire && compress::is_mx(*c.wire), nvfp4 = c.wire == compress::Wire::kNvfp4;
-  TORCH_CHECK_VALUE(!mx || (c.accumulate == Accumulate::kFp32 && c.scaling == Scaling::kNone &&
-                            c.rounding == Rounding::kNearest),
-                    "cnccl: wire_dtype=", c.wire_name(), " (CNCCL_WIRE_DTYPE / Options.wire_dtype) needs accumulate=fp32, "
-                    "scaling=none and rounding=rne (CNCCL_ACCUMULATE, CNCCL_SCALING, CNCCL_ROUNDING / Options): "
-                    "the owner decodes every block of 32, which carries its own power of two and rounds to nearest "
-                    "even (OCP MX v1.0); got accumulate=", c.accumulate_name(), ", scaling=", c.scaling_name(),
-                    ", rounding=", c.rounding_name());
+  TORCH_CHECK_VALUE(!mx || (c.accumulate == Accumulate::kFp32 && c.scaling == Scaling::kNone),
+                    "cnccl: wire_dtype=", c.wire_name(), " (CNCCL_WIRE_DTYPE / Options.wire_dtype) needs accumulate=fp32 "
+                    "and scaling=none (CNCCL_ACCUMULATE, CNCCL_SCALING / Options): the owner decodes every block of "
+                    "32, which carries its own power of two (OCP MX v1.0); got accumulate=", c.accumulate_name(),
+                    ", scaling=", c.scaling_name());
   TORCH_CHECK_VALUE(!nvfp4 || (c.accumulate == Accumulate::kFp32 && c.scaling == Scaling::kNone),
                     "cnccl: wire_dtype=nvfp4 (CNCCL_WIRE_DTYPE / Options.wire_dtype) needs accumulate=fp32 and "
                     "scaling=none (CNCCL_ACCUMULATE, CNCCL_SCALING / Options): the owner decodes every block, which "

@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import platform
+import queue
 import socket
 import statistics
 import time
@@ -191,7 +192,17 @@ def spawn(target, world, *args):
     procs = [ctx.Process(target=target, args=(r, world, port, *args, out)) for r in range(world)]
     for p in procs:
         p.start()
-    result = out.get()
+    while True:
+        try:
+            result = out.get(timeout=1)
+            break
+        except queue.Empty:
+            # A rank that died (at import, or of an error) leaves the others waiting on it forever.
+            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"rank(s) exited before a result: {dead} (rank, exit code)")
     for p in procs:
         p.join()
     return result

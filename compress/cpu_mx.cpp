@@ -4,10 +4,12 @@
 // samples are handled here, one block at a time.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "compress/cpu_kernels.h"
 #include "compress/formats.h"
+#include "compress/stochastic.h"
 
 namespace cnccl::compress {
 namespace detail {
@@ -33,9 +35,17 @@ using formats::mx_element_bytes;
 
 float scale_of(uint8_t code) { return formats::mx_scale_value(code); }
 
+// Stochastic rounding's bits for a run: element `first + i`'s (stochastic.h), or none: to nearest even.
+struct Rounding {
+  const Dither* dither = nullptr;
+  uint64_t first = 0;
+};
+
 // One block's m <= 32 values v, already scaled: its scale code, and its elements written at `out`
-// (for MXFP4, m / 2 bytes and a low nibble for an odd m).
-uint8_t encode_block(const float* v, size_t m, const MxBlockFormat& f, MxScale rule, uint8_t* out, Census* census) {
+// (for MXFP4, m / 2 bytes and a low nibble for an odd m). With a dither, element j takes the random
+// bits of index `index + j`.
+uint8_t encode_block(const float* v, size_t m, const MxBlockFormat& f, MxScale rule, uint8_t* out, Census* census,
+                     const Dither* dither = nullptr, uint64_t index = 0) {
   uint32_t amax = 0;
   size_t nonfinite = 0;
   for (size_t j = 0; j < m; ++j) {
@@ -52,20 +62,29 @@ uint8_t encode_block(const float* v, size_t m, const MxBlockFormat& f, MxScale r
   const int x = formats::mx_exponent(amax, f.emax, f.fraction, rule);
   const float inverse = float_of(uint32_t(127 - x) << 23);  // 2^-X: X <= 128 - emax keeps it normal
   size_t saturated = 0;
+  std::optional<RandomWords> random;
+  if (dither) random.emplace(*dither);
   if (f.element == Wire::kMxfp4) {
     std::fill(out, out + bytes, uint8_t(0));
     for (size_t j = 0; j < m; ++j) {
       const float q = v[j] * inverse;
       const float a = std::fabs(q);
       saturated += a > f.max;
-      const uint8_t code = uint8_t((std::signbit(q) ? 8 : 0) | formats::e2m1_code(std::min(a, f.max)));
+      const float clamped = std::min(a, f.max);
+      const float on_grid = random ? stochastic_e2m1_value(clamped, (*random)(index + j)) : clamped;
+      const uint8_t code = uint8_t((std::signbit(q) ? 8 : 0) | formats::e2m1_code(on_grid));
       out[j / 2] |= uint8_t(j % 2 ? code << 4 : code);
     }
   } else {
     for (size_t j = 0; j < m; ++j) {
       const float q = v[j] * inverse;
       saturated += std::fabs(q) > f.max;
-      out[j] = detail::to_fp8(std::clamp(q, -f.max, f.max), f.element);
+      const float clamped = std::clamp(q, -f.max, f.max);
+      // On the grid already, the conversion is exact: its rounding to nearest does nothing.
+      out[j] = detail::to_fp8(
+          random ? std::copysign(stochastic_fp8_value(std::fabs(clamped), (*random)(index + j), f.element), q)
+                 : clamped,
+          f.element);
     }
   }
   if (census) census->saturated += saturated;
@@ -112,14 +131,17 @@ void sum_block(const uint8_t* const* scales, const uint8_t* const* elements, siz
 // The run's scales and elements may lie apart (a piece of a longer run: mx_sum_encode).
 template <typename T>
 void encode(const T* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* scales,
-            uint8_t* elements, const detail::CensusSink& sink) {
+            uint8_t* elements, const detail::CensusSink& sink, const Rounding& rounding = {}) {
   const MxBlockFormat f = detail::mx_block_format(wire);
   const detail::CpuKernels& kernels = detail::active_kernels();
   size_t b = 0;
   if constexpr (std::is_same_v<T, float>) {
-    // The whole blocks of given values go to the block kernel at once.
-    b = std::min(n, count) / kMxBlock;
-    kernels.mx_encode_f32(src, b, scale, f, rule, scales, elements, sink.census);
+    // The whole blocks of given values go to the block kernel at once (rounded to nearest: stochastic
+    // rounding has the scalar kernel only).
+    if (!rounding.dither) {
+      b = std::min(n, count) / kMxBlock;
+      kernels.mx_encode_f32(src, b, scale, f, rule, scales, elements, sink.census);
+    }
   }
   float v[kMxBlock];
   for (; b * kMxBlock < count; ++b) {
@@ -128,7 +150,10 @@ void encode(const T* src, size_t n, size_t count, float scale, Wire wire, MxScal
     // The product formed as cast() forms it: in the source's precision, then to fp32.
     for (size_t j = 0; j < given; ++j) v[j] = static_cast<float>(src[first + j] * static_cast<T>(scale));
     std::fill(v + given, v + m, 0.0f);
-    if (m == kMxBlock) {
+    if (rounding.dither) {
+      scales[b] = encode_block(v, m, f, rule, block_elements(elements, b, wire), sink.census, rounding.dither,
+                               rounding.first + first);
+    } else if (m == kMxBlock) {
       kernels.mx_encode_f32(v, 1, 1.0f, f, rule, scales + b, block_elements(elements, b, wire), sink.census);
     } else {
       scales[b] = encode_block(v, m, f, rule, block_elements(elements, b, wire), sink.census);
@@ -211,7 +236,10 @@ void mx_sum(const uint8_t* const* in, size_t k, float* dst, size_t n, Wire wire)
   }
 }
 
-void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxScale rule, uint8_t* dst) {
+namespace {
+
+void sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxScale rule, uint8_t* dst,
+                const Rounding& rounding) {
   const GradualUnderflow exact;
   // A piece at a time through a sum that stays in L1; the census counts, but takes no samples: the
   // sums are not a rank's contribution.
@@ -230,8 +258,32 @@ void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxSc
     if (whole * kMxBlock < m) {
       sum_block(scales.data(), elements.data(), k, whole, m - whole * kMxBlock, wire, sums + whole * kMxBlock);
     }
-    encode(sums, m, m, 1.0f, wire, rule, dst + b, dst + mx_blocks(n) + mx_element_bytes(first, wire), counts);
+    encode(sums, m, m, 1.0f, wire, rule, dst + b, dst + mx_blocks(n) + mx_element_bytes(first, wire), counts,
+           Rounding{rounding.dither, rounding.first + first});
   }
+}
+
+}  // namespace
+
+void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxScale rule, uint8_t* dst) {
+  sum_encode(in, k, n, wire, rule, dst, Rounding{});
+}
+void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxScale rule, uint8_t* dst,
+                   const Dither& dither, uint64_t first) {
+  sum_encode(in, k, n, wire, rule, dst, Rounding{&dither, first});
+}
+
+void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst,
+               const Dither& dither, uint64_t first) {
+  const GradualUnderflow exact;
+  encode(src, n, count, scale, wire, rule, dst, dst + mx_blocks(count), detail::census_sink(),
+         Rounding{&dither, first});
+}
+void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst,
+               const Dither& dither, uint64_t first) {
+  const GradualUnderflow exact;
+  encode(src, n, count, scale, wire, rule, dst, dst + mx_blocks(count), detail::census_sink(),
+         Rounding{&dither, first});
 }
 
 void mx_restore(const uint8_t* src, size_t count, float* dst, size_t n, float post, Wire wire) {

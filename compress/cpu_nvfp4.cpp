@@ -42,26 +42,6 @@ struct Rounding {
   uint64_t first = 0;
 };
 
-// random_bits(dither, index) for indices in order: one Philox block serves the four indices it holds.
-class RandomWords {
- public:
-  explicit RandomWords(const Dither& dither) : dither_(dither) {}
-  uint32_t operator()(uint64_t index) {
-    if (index >> 2 != block_index_) {
-      block_index_ = index >> 2;
-      const uint32_t phase = dither_.phase + 2 * static_cast<uint32_t>(index >> 34);
-      block_ = philox4x32_10(static_cast<uint32_t>(block_index_), dither_.seq, dither_.rank, phase,
-                             static_cast<uint32_t>(dither_.seed), static_cast<uint32_t>(dither_.seed >> 32));
-    }
-    return block_.word[index & 3];
-  }
-
- private:
-  const Dither& dither_;
-  uint64_t block_index_ = UINT64_MAX;
-  Philox4 block_{};
-};
-
 // One block's m <= 16 values v, already scaled, under the part scale `part` (`inverse` = fl(1 / part)):
 // its scale code, and its elements at `out` (m / 2 bytes, and a low nibble for an odd m). With a
 // dither, element j takes the random bits of index `index + j`.

@@ -64,29 +64,36 @@ CNCCL_HOST_DEVICE uint32_t random_bits(const Dither& d, uint64_t index) {
   return block.word[index & 3];
 }
 
-// v moved onto the wire's grid: with t = |v| and s the wire's spacing at t (fp16: 2^(max(e, -14) - 10),
-// bf16: 2^(max(e, -126) - 7), e = floor(log2 t)), t = (m + f) * s with m an integer and 0 <= f < 1;
-// the result is (m + 1) * s when u < f, else m * s, with v's sign, where u = (random >> 8) * 2^-24.
-// Every step is exact in fp32, so E[result] = v up to u's resolution. A result past the wire's
-// largest value becomes inf when converted; NaN and inf pass through (and round as to_wire does).
-CNCCL_HOST_DEVICE float stochastic_grid_value(float v, uint32_t random, Wire w) {
-  const float t = fabsf(v);
-  if (!(t < INFINITY) || t == 0.0f) return v;
+// t >= 0, finite, moved onto the grid of a floating-point format with `mantissa_bits` bits past the
+// leading one and `min_exponent` its smallest normal exponent: with s the spacing at t
+// (2^(max(e, min_exponent) - mantissa_bits), e = floor(log2 t)), t = (m + f) * s with m an integer and
+// 0 <= f < 1; the result is (m + 1) * s when u < f, else m * s, where u = (random >> 8) * 2^-24. Every
+// step is exact in fp32, so E[result] = t up to u's resolution.
+CNCCL_HOST_DEVICE float stochastic_on_grid(float t, uint32_t random, int min_exponent, int mantissa_bits) {
+  if (t == 0.0f) return t;
   int e = 0;
   frexpf(t, &e);  // t = m * 2^e, m in [0.5, 1): floor(log2 t) = e - 1
-  const int min_exponent = w == Wire::kFp16 ? -14 : -126;
-  const int mantissa_bits = w == Wire::kFp16 ? 10 : 7;
   const int spacing = (e - 1 > min_exponent ? e - 1 : min_exponent) - mantissa_bits;
   const float q = ldexpf(t, -spacing);
   const float m = floorf(q);
   const float u = static_cast<float>(random >> 8) * 0x1p-24f;
-  return copysignf(ldexpf(m + (u < q - m ? 1.0f : 0.0f), spacing), v);
+  return ldexpf(m + (u < q - m ? 1.0f : 0.0f), spacing);
 }
 
-// An NVFP4 element's magnitude a = min(|q|, 6) moved onto e2m1's grid: with the grid's spacing s at a
-// (0.5 below 2, 1 below 4, else 2), a = (m + f) * s with m an integer and 0 <= f < 1; the result is
-// (m + 1) * s when u < f, else m * s, u = (random >> 8) * 2^-24. Every step is exact in fp32, so
-// E[result] = a up to u's resolution; 6 stays 6.
+// v moved onto the 16-bit wire's grid by stochastic_on_grid (fp16: min_exponent -14, 10 bits; bf16:
+// -126, 7), with v's sign. A result past the wire's largest value becomes inf when converted; NaN and
+// inf pass through (and round as to_wire does).
+CNCCL_HOST_DEVICE float stochastic_grid_value(float v, uint32_t random, Wire w) {
+  const float t = fabsf(v);
+  if (!(t < INFINITY)) return v;
+  return copysignf(w == Wire::kFp16 ? stochastic_on_grid(t, random, -14, 10) : stochastic_on_grid(t, random, -126, 7),
+                   v);
+}
+
+// A 4-bit element's magnitude a = min(|q|, 6) moved onto e2m1's grid (NVFP4 and MXFP4): with the grid's
+// spacing s at a (0.5 below 2, 1 below 4, else 2), a = (m + f) * s with m an integer and 0 <= f < 1; the
+// result is (m + 1) * s when u < f, else m * s, u = (random >> 8) * 2^-24. Every step is exact in fp32,
+// so E[result] = a up to u's resolution; 6 stays 6.
 CNCCL_HOST_DEVICE float stochastic_e2m1_value(float a, uint32_t random) {
   const float spacing = a < 2.0f ? 0.5f : a < 4.0f ? 1.0f : 2.0f;
   const float q = a * (1.0f / spacing);
@@ -94,6 +101,33 @@ CNCCL_HOST_DEVICE float stochastic_e2m1_value(float a, uint32_t random) {
   const float u = static_cast<float>(random >> 8) * 0x1p-24f;
   return (m + (u < q - m ? 1.0f : 0.0f)) * spacing;
 }
+
+// An MXFP8 element's magnitude a = min(|q|, L) moved onto its element type's grid by stochastic_on_grid
+// (e4m3: min_exponent -6, 3 bits; e5m2: -14, 2 bits). L is on the grid, so the result stays <= L.
+CNCCL_HOST_DEVICE float stochastic_fp8_value(float a, uint32_t random, Wire element) {
+  return element == Wire::kE4m3 ? stochastic_on_grid(a, random, -6, 3) : stochastic_on_grid(a, random, -14, 2);
+}
+
+// random_bits(dither, index) for indices in order, on the host: one Philox block serves the four indices
+// it holds.
+class RandomWords {
+ public:
+  explicit RandomWords(const Dither& dither) : dither_(dither) {}
+  uint32_t operator()(uint64_t index) {
+    if (index >> 2 != block_index_) {
+      block_index_ = index >> 2;
+      const uint32_t phase = dither_.phase + 2 * static_cast<uint32_t>(index >> 34);
+      block_ = philox4x32_10(static_cast<uint32_t>(block_index_), dither_.seq, dither_.rank, phase,
+                             static_cast<uint32_t>(dither_.seed), static_cast<uint32_t>(dither_.seed >> 32));
+    }
+    return block_.word[index & 3];
+  }
+
+ private:
+  const Dither& dither_;
+  uint64_t block_index_ = UINT64_MAX;
+  Philox4 block_{};
+};
 
 // Stochastically rounded CPU codec (cpu_stochastic.cpp): as cast() and sum() in codec.h, with the
 // rounding above; `first` is the index (for Dither) of element 0 of these buffers.
@@ -110,5 +144,15 @@ void nv_encode(const double* src, size_t n, size_t count, float scale, float par
                uint64_t first);
 float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size_t n, uint8_t* dst,
                     const Dither& dither, uint64_t first);
+// MX blocks with stochastically rounded elements (cpu_mx.cpp): as mx_encode() and mx_sum_encode() in
+// codec.h, each element's magnitude, saturated to L, rounded by stochastic_e2m1_value (MXFP4) or
+// stochastic_fp8_value (MXFP8) with the random bits of element `first + i`; the block scales as before.
+// The scalar kernels only.
+void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst,
+               const Dither& dither, uint64_t first);
+void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst,
+               const Dither& dither, uint64_t first);
+void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxScale rule, uint8_t* dst,
+                   const Dither& dither, uint64_t first);
 
 }  // namespace cnccl::compress

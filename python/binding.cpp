@@ -195,19 +195,25 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
   // The frames of a wire (backend/frames.h) on the rows' device, through the composed path's device
   // (the CPU kernels, or the CUDA ones), for tests that hold them to an independent oracle (torchao's
   // MX encoding) and the CUDA kernels to the CPU's: `rows` become [len(rows), bytes] frames of `count`
-  // elements each; `mx_scale` is an MX block's scale rule (rceil or floor).
+  // elements each; `mx_scale` is an MX block's scale rule (rceil or floor). With `sr_seed`, a block wire's
+  // elements are rounded stochastically, as rank 0's contribution to its group's first stochastic sum.
   m.def("_encode_frames", [](const std::vector<at::Tensor>& rows, int64_t count, double scale, const std::string& wire,
-                             const std::string& mx_scale) {
+                             const std::string& mx_scale, std::optional<uint64_t> sr_seed) {
     cnccl::Plan plan;
     plan.wire = framed_wire(wire);
     plan.pre_scale = scale;
     plan.mx_scale = cnccl::parse_mx_scale(mx_scale, "mx_scale");
+    plan.stochastic = sr_seed.has_value();
+    TORCH_CHECK_VALUE(!plan.stochastic || rows.empty() || rows[0].is_cpu(),
+                      "cnccl: stochastically rounded frames have CPU kernels only");
     const at::TensorOptions options = rows.empty() ? at::TensorOptions(at::kByte) : rows[0].options().dtype(at::kByte);
     at::Tensor frames = at::empty({int64_t(rows.size()), cnccl::frames::frame_bytes(count, plan.wire)}, options);
     const c10::DeviceGuard guard(frames.device());
-    cnccl::composed::make_device_for(frames.device())->encode_frames(rows, count, plan, frames);
+    cnccl::composed::make_device_for(frames.device())
+        ->encode_frames(rows, count, plan, frames, cnccl::compress::contribution_dither(sr_seed.value_or(0), 0, 0));
     return frames;
-  }, py::arg("rows"), py::arg("count"), py::arg("scale"), py::arg("wire"), py::arg("mx_scale") = "rceil");
+  }, py::arg("rows"), py::arg("count"), py::arg("scale"), py::arg("wire"), py::arg("mx_scale") = "rceil",
+     py::arg("sr_seed") = std::nullopt);
   m.def("_decode_frames", [](const at::Tensor& frames, int64_t count, const std::string& wire) {
     cnccl::Plan plan;
     plan.wire = framed_wire(wire);

@@ -203,8 +203,9 @@ class CudaDevice final : public composed::Device {
     });
   }
 
-  // Stochastically rounded frames are NVFP4's only, which check_frames refuses: no dither is read here,
-  // and a stochastic plan that reached these kernels would be rounded to nearest without it.
+  // Stochastically rounded frames (the block wires') have CPU kernels only, and reducing_path_for refuses
+  // them for CUDA tensors: no dither is read here, and a stochastic plan that reached these kernels would be
+  // rounded to nearest without it.
   void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan, const at::Tensor& frames,
                      const compress::Dither& /*dither*/) override {
     check_frames(frames, count, plan);

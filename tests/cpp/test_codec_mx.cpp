@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "compress/codec.h"
+#include "compress/stochastic.h"
 #include "cpu_paths.h"
 
 namespace cnccl::compress {
@@ -190,6 +191,85 @@ TEST(CodecMx, SumEncodeIsSumThenEncode) {
           }
         }
       }
+    }
+  }
+}
+
+// The step of an MX element type's grid at a > 0: e4m3 2^(max(E, -6) - 3), e5m2 2^(max(E, -14) - 2),
+// e2m1 0.5 below 2, 1 below 4, else 2, for E = floor(log2 a) (the types' definitions, OCP MX v1.0 5.3).
+double grid_step(double a, Wire w) {
+  const int e = int(std::floor(std::log2(a)));
+  if (w == Wire::kMxfp4) return a < 2 ? 0.5 : a < 4 ? 1.0 : 2.0;
+  return w == Wire::kMxfp8 ? std::ldexp(1.0, std::max(e, -6) - 3) : std::ldexp(1.0, std::max(e, -14) - 2);
+}
+
+// Stochastic rounding of MX elements (compress/stochastic.h, stochastic_fp8_value and stochastic_e2m1_value)
+// is unbiased: over 4096 seeds each element's mean decoded value lies within 5 standard errors of the value
+// (its step over 2 sqrt(4096)); rounding to nearest misses that bound for every one of these values, which
+// sit a third or two thirds of a step above the grid, in every binade of the element type (subnormals
+// included). The block's first value is L, so X = 0 and the elements are the values themselves; the
+// collectives' roundings are held to their emulation bit for bit by tests/python/test_mx.py.
+TEST(CodecMx, StochasticRoundingIsUnbiased) {
+  for (Wire w : kWires) {
+    const double largest = mx_largest(w), smallest = w == Wire::kMxfp8 ? 0x1p-9 : w == Wire::kMxfp8E5m2 ? 0x1p-16 : 0.5;
+    std::vector<float> v(kMxBlock);
+    v[0] = float(largest);
+    for (size_t j = 1; j < kMxBlock; ++j) {
+      // From just above the smallest step to just below L, geometrically.
+      const double base = smallest * std::pow(largest / smallest, double(j) / kMxBlock);
+      const double step = grid_step(base, w);
+      const double value = std::floor(base / step) * step + step * (j % 2 ? 1.0 / 3 : 2.0 / 3);
+      v[j] = float(j % 3 ? value : -value);
+    }
+    constexpr int kSeeds = 4096;
+    std::vector<double> mean(kMxBlock, 0.0);
+    std::vector<uint8_t> bytes(mx_bytes(kMxBlock, w));
+    std::vector<float> decoded(kMxBlock);
+    for (int seed = 0; seed < kSeeds; ++seed) {
+      mx_encode(v.data(), kMxBlock, kMxBlock, 1.0f, w, MxScale::kRceil, bytes.data(),
+                contribution_dither(uint64_t(seed), 0, 0), 0);
+      ASSERT_EQ(bytes[0], 127) << wire_name(w) << ": X = 0";
+      mx_restore(bytes.data(), kMxBlock, decoded.data(), kMxBlock, 1.0f, w);
+      for (size_t i = 0; i < kMxBlock; ++i) mean[i] += decoded[i] / kSeeds;
+    }
+    std::vector<float> nearest(kMxBlock);
+    mx_encode(v.data(), kMxBlock, kMxBlock, 1.0f, w, MxScale::kRceil, bytes.data());
+    mx_restore(bytes.data(), kMxBlock, nearest.data(), kMxBlock, 1.0f, w);
+    EXPECT_EQ(mean[0], largest) << wire_name(w) << ": L is on the grid";
+    for (size_t i = 1; i < kMxBlock; ++i) {
+      const double bound = 5 * grid_step(std::fabs(v[i]), w) / (2 * std::sqrt(double(kSeeds)));
+      EXPECT_LE(std::fabs(mean[i] - v[i]), bound) << wire_name(w) << " element " << i << " = " << v[i] << ": mean "
+                                                   << mean[i];
+      EXPECT_GT(std::fabs(nearest[i] - v[i]), bound) << wire_name(w) << " element " << i << ": off the grid";
+    }
+  }
+}
+
+// A value past L under FLOOR saturates to L before it is rounded, so stochastic rounding never goes past
+// L (e4m3 has no value above 448 but NaN); each element takes the random word of its own index, across
+// the index 2^34 where the words' counter changes phase.
+TEST(CodecMx, StochasticRoundingSaturatesAndTakesEachIndexsWord) {
+  for (Wire w : kWires) {
+    const float largest = mx_largest(w);
+    std::vector<float> v(2 * kMxBlock);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = largest * (0.45f + 0.55f * float(i % 11) / 10) * (i % 2 ? -1 : 1);
+    v[5] = largest * 1.1f;  // FLOOR: X = 0, and 1.1 L saturates
+    const uint64_t first = (uint64_t(1) << 34) - 20;
+    const Dither dither = contribution_dither(0x1234567890ABCDEFull, 9, 3);
+    std::vector<uint8_t> bytes(mx_bytes(v.size(), w));
+    mx_encode(v.data(), v.size(), v.size(), 1.0f, w, MxScale::kFloor, bytes.data(), dither, first);
+    std::vector<float> decoded(v.size());
+    mx_restore(bytes.data(), v.size(), decoded.data(), v.size(), 1.0f, w);
+    EXPECT_EQ(decoded[5], largest) << wire_name(w);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const int x = int(bytes[i / kMxBlock]) - 127;
+      const float a = std::min(std::fabs(std::ldexp(v[i], -x)), largest);
+      const uint32_t random = random_bits(dither, first + i);
+      const float magnitude = w == Wire::kMxfp4 ? stochastic_e2m1_value(a, random)
+                                                : stochastic_fp8_value(a, random, w == Wire::kMxfp8 ? Wire::kE4m3
+                                                                                                     : Wire::kE5m2);
+      EXPECT_EQ(decoded[i], std::ldexp(std::copysign(magnitude, v[i]), x))
+          << wire_name(w) << " element " << i << " (index 2^34 - 20 + " << i << ")";
     }
   }
 }

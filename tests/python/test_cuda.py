@@ -552,6 +552,24 @@ def nvfp4_is_refused_on_cuda_tensors_by_name(ctx):
 
 
 @case
+def mx_stochastic_rounding_is_refused_on_cuda_tensors_by_name(ctx):
+    """rounding=sr on an MX wire has CPU kernels only: its group refuses CUDA tensors' fp32 reductions
+    before anything is queued; its CPU tensors still sum."""
+    g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="mxfp8", accumulate="fp32", rounding="sr",
+                                                                 min_bytes=0))
+    x = ctx.data(N)
+    before = x.clone()
+    for call in (lambda: dist.all_reduce(x, group=g),
+                 lambda: dist.reduce_scatter_tensor(torch.empty_like(x), x, group=g)):
+        with pytest.raises(ValueError, match=r"rounding=sr .* on wire_dtype=mxfp8 has CPU kernels only"):
+            call()
+    assert torch.equal(x, before)
+    y = torch.ones(1000)
+    dist.all_reduce(y, group=g)
+    assert torch.equal(y, torch.ones(1000))
+
+
+@case
 def rotation_is_refused_on_cuda_tensors_by_name(ctx):
     """rotation=hadamard runs on the host path only: its group refuses CUDA tensors' fp32 reductions before
     anything is queued; its CPU tensors still sum."""

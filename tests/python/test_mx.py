@@ -27,8 +27,8 @@ import torch.distributed as dist
 import cnccl
 from cnccl import _C
 from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, check_case, engine_of, everyones, gloo_group, share, shared_job
-from wire_formats import (E2M1_VALUES, MX_BLOCK, MX_ELEMENT, framed_allreduce, framed_owner_sum, rceil_codes,
-                          torchao_mx)
+from wire_formats import (E2M1_VALUES, MX_BLOCK, MX_ELEMENT, allreduce_sr, framed_allreduce, framed_owner_sum,
+                          mx_framed_sr, rceil_codes, reduce_scatter_sr, torchao_mx)
 
 R = dist.ReduceOp
 WIRES = list(MX_ELEMENT)
@@ -213,18 +213,34 @@ def test_rceil_takes_the_smallest_scale_that_saturates_nothing():
         assert (floor_scales <= scales).all() and (floor_scales < scales).any(), wire
 
 
+def test_a_stochastic_encoding_equals_its_emulation():
+    """The frames hook's stochastic encoding (rank 0's contribution to a group's first stochastic sum) on
+    each wire and rule, a short last block included, decodes to mx_framed_sr's values bit for bit."""
+    require_torchao()
+    gen = torch.Generator().manual_seed(8)
+    n = 32 * 40 + 7
+    v = torch.randn(n, generator=gen) * torch.pow(10.0, torch.empty(n).uniform_(-3, 3, generator=gen))
+    for wire in WIRES:
+        for rule in RULES:
+            frames = _C._encode_frames([v], n, 1.0, wire, rule, sr_seed=21)
+            got = _C._decode_frames(frames, n, wire)[0]
+            want = mx_framed_sr(v, wire, 1.0, 21, 0, 0, 0, 0, rule)
+            assert torch.equal(got, want), f"{wire} {rule}: {first_difference(got, want)}"
+            nearest = _C._decode_frames(_C._encode_frames([v], n, 1.0, wire, rule), n, wire)[0]
+            assert (got != nearest).any(), f"{wire} {rule}: rounded to nearest"
+
+
 def test_mx_wires_need_fp32_sums_and_say_so():
     for wire in WIRES:
-        with pytest.raises(ValueError, match=rf"wire_dtype={wire}.*needs accumulate=fp32, scaling=none and "
-                                             r"rounding=rne.*got accumulate=wire"):
+        with pytest.raises(ValueError, match=rf"wire_dtype={wire}.*needs accumulate=fp32 and scaling=none.*"
+                                             r"got accumulate=wire, scaling=none"):
             cnccl.Options(wire_dtype=wire)
-        with pytest.raises(ValueError, match=rf"wire_dtype={wire}.*got accumulate=wire, scaling=none, rounding=sr"):
+        with pytest.raises(ValueError, match=rf"wire_dtype={wire}.*got accumulate=wire"):
             cnccl.Options(wire_dtype=wire, rounding="sr")
         with pytest.raises(ValueError, match=rf"wire_dtype={wire}.*scaling=pow2"):
             cnccl.Options(wire_dtype=wire, accumulate="fp32", scaling="pow2")
-        with pytest.raises(ValueError, match=rf"wire_dtype={wire}.*rounding=sr"):
-            cnccl.Options(wire_dtype=wire, accumulate="fp32", rounding="sr")
         assert cnccl.Options(wire_dtype=wire, accumulate="fp32") is not None
+        assert cnccl.Options(wire_dtype=wire, accumulate="fp32", rounding="sr") is not None
 
 
 def test_a_bad_mx_scale_names_the_setting_and_the_rules(monkeypatch):
@@ -361,6 +377,49 @@ def the_wire_carries_a_byte_and_a_32nd_or_half_that(ctx):
         else:  # the all-to-all and the allgather
             blocks = 2 * (ctx.world - 1) / ctx.world * n * per_element
         assert blocks <= sent <= blocks + 2 * 256 + 64 * ctx.world, f"{wire}: sent {sent}, expected {blocks:.0f}"
+
+
+def sr_group(wire, seed, rule="rceil"):
+    return dist.new_group(backend="cnccl", timeout=CASE_TIMEOUT, pg_options=cnccl.Options(
+        wire_dtype=wire, min_bytes=0, accumulate="fp32", rounding="sr", sr_seed=seed, mx_scale=rule))
+
+
+@case
+def stochastic_rounding_equals_its_emulation(ctx):
+    """rounding=sr: every element of every contribution and of every owner's sums rounded up or down by
+    its own random bits (its index in the tensor, the collective's number in the group, the rank or the
+    owners' word), on each wire and MXFP8 under FLOOR too; allreduce (SUM, AVG) numbered 0 and 1,
+    reduce_scatter 2."""
+    for wire, rule in [(w, "rceil") for w in WIRES] + [("mxfp8", "floor")]:
+        g = sr_group(wire, 11, rule)
+        assert cnccl.config(g)["rounding"] == "sr"
+        for seq, (op, n) in enumerate(((R.SUM, 100_003), (R.AVG, 5_040))):
+            x = ctx.spread(n)
+            want = allreduce_sr(ctx.all_inputs(x), wire, 1.0 / ctx.world if op == R.AVG else 1.0, 11, seq, rule)
+            t = x.clone()
+            dist.all_reduce(t, op=op, group=g)
+            assert first_difference(t, want) is None, f"{wire} {rule} {op} n={n}: {first_difference(t, want)}"
+        x = ctx.spread(4_099 * ctx.world)
+        out = torch.empty(4_099)
+        dist.reduce_scatter_tensor(out, x, group=g)
+        want = reduce_scatter_sr(ctx.all_inputs(x), ctx.rank, wire, 1.0, 11, 2, rule)
+        assert first_difference(out, want) is None, f"{wire} {rule} reduce_scatter: {first_difference(out, want)}"
+
+
+@case
+def stochastic_rounding_repeats_for_a_seed_and_differs_for_another(ctx):
+    x = ctx.spread(40_000)
+    for wire in WIRES:
+        results = []
+        for seed in (5, 5, 6):
+            t = x.clone()
+            dist.all_reduce(t, group=sr_group(wire, seed))
+            results.append(t)
+        assert torch.equal(results[0], results[1]), wire
+        assert (results[0] != results[2]).float().mean() > 0.1, f"{wire}: another seed moves many elements"
+        nearest = x.clone()
+        dist.all_reduce(nearest, group=ctx.groups[(wire, "rceil")])
+        assert (results[0] != nearest).float().mean() > 0.1, f"{wire}: stochastic rounding is not to nearest"
 
 
 @pytest.mark.parametrize("engine", CPU_ENGINES)

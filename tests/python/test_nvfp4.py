@@ -23,8 +23,8 @@ import cnccl
 from cnccl import _C
 from harness import CASE_TIMEOUT, CPU_ENGINES, Cases, check_case, engine_of, everyones, gloo_group, share, shared_job
 from test_mx import first_difference, require_torchao
-from wire_formats import (E2M1_VALUES, NV_BLOCK, NV_SMALLEST_PART, framed_allreduce, framed_owner_sum, nv_allreduce_sr,
-                          nv_blocks, nv_part_scale, nv_reduce_scatter_sr)
+from wire_formats import (E2M1_VALUES, NV_BLOCK, NV_SMALLEST_PART, allreduce_sr, framed_allreduce, framed_owner_sum,
+                          nv_blocks, nv_part_scale, reduce_scatter_sr)
 
 R = dist.ReduceOp
 HEADER = 9  # the part scale's 4 bytes, then zeros up to a block's 9
@@ -284,7 +284,7 @@ def stochastic_rounding_equals_its_emulation(ctx):
     seq = 0
     for op, n in ((R.SUM, 100_003), (R.AVG, 5_040)):
         x = ctx.spread(n)
-        want = nv_allreduce_sr(ctx.all_inputs(x), 1.0 / ctx.world if op == R.AVG else 1.0, 11, seq)
+        want = allreduce_sr(ctx.all_inputs(x), "nvfp4", 1.0 / ctx.world if op == R.AVG else 1.0, 11, seq)
         t = x.clone()
         dist.all_reduce(t, op=op, group=g)
         assert first_difference(t, want) is None, f"{op} n={n}: {first_difference(t, want)}"
@@ -292,14 +292,14 @@ def stochastic_rounding_equals_its_emulation(ctx):
     x = ctx.spread(4_099 * ctx.world)
     out = torch.empty(4_099)
     dist.reduce_scatter_tensor(out, x, group=g)
-    want = nv_reduce_scatter_sr(ctx.all_inputs(x), ctx.rank, 1.0, 11, seq)
+    want = reduce_scatter_sr(ctx.all_inputs(x), ctx.rank, "nvfp4", 1.0, 11, seq)
     assert first_difference(out, want) is None, f"reduce_scatter: {first_difference(out, want)}"
     # An empty tensor takes no number; the next allreduce is number 3.
     dist.all_reduce(torch.empty(0), group=g)
     x = ctx.spread(777)
     t = x.clone()
     dist.all_reduce(t, group=g)
-    want = nv_allreduce_sr(ctx.all_inputs(x), 1.0, 11, seq + 1)
+    want = allreduce_sr(ctx.all_inputs(x), "nvfp4", 1.0, 11, seq + 1)
     assert first_difference(t, want) is None, f"after the reduce_scatter: {first_difference(t, want)}"
 
 

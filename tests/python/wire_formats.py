@@ -111,18 +111,26 @@ def random_bits(first, n, seed, seq, rank, phase):
     return np.choose((index & np.uint64(3)).astype(np.int64), words)
 
 
-def stochastic_round(v, bits, wire):
-    """fp32 tensor v rounded to the wire stochastically with the random words `bits`."""
-    x = v.numpy().astype(np.float32)
-    t = np.abs(x)
+def on_grid_sr(t, bits, min_exponent, mantissa_bits):
+    """Non-negative finite float32 magnitudes t moved onto the grid of a format with `mantissa_bits` bits
+    past the leading one and `min_exponent` its smallest normal exponent (stochastic_on_grid): up from
+    the grid value below with probability (t - below) / spacing, against u = (bits >> 8) * 2^-24."""
     _, e = np.frexp(t)
-    min_exponent, mantissa_bits = (-14, 10) if wire == "fp16" else (-126, 7)
     spacing = np.maximum(e - 1, min_exponent) - mantissa_bits
     q = np.ldexp(t, -spacing).astype(np.float32)
     m = np.floor(q)
     u = (bits >> np.uint64(8)).astype(np.float32) * np.float32(2.0**-24)
-    magnitude = np.ldexp(m + (u < q - m).astype(np.float32), spacing).astype(np.float32)
-    out = np.where((t == 0) | ~np.isfinite(t), x, np.copysign(magnitude, x)).astype(np.float32)
+    return np.where(t == 0, t, np.ldexp(m + (u < q - m).astype(np.float32), spacing)).astype(np.float32)
+
+
+def stochastic_round(v, bits, wire):
+    """fp32 tensor v rounded to the wire stochastically with the random words `bits`."""
+    x = v.numpy().astype(np.float32)
+    t = np.abs(x)
+    finite = np.isfinite(t)
+    magnitude = on_grid_sr(np.where(finite, t, 0).astype(np.float32), bits,
+                           *((-14, 10) if wire == "fp16" else (-126, 7)))
+    out = np.where(~finite, x, np.copysign(magnitude, x)).astype(np.float32)
     return torch.from_numpy(out).to(WIRE_DTYPE[wire])
 
 
@@ -225,6 +233,34 @@ def mx_framed(x, wire, pre=1.0, mx_scale="rceil"):
 
 
 
+# The element grids of MX wires for stochastic rounding: (smallest normal exponent, mantissa bits).
+# e2m1's grid (0.5 apart below 2, then 1, then 2) is that of one mantissa bit with exponents from 0.
+MX_GRID = {"mxfp8": (-6, 3), "mxfp8_e5m2": (-14, 2), "mxfp4": (0, 1)}
+
+
+def mx_framed_sr(x, wire, pre, seed, seq, rank, phase, first, mx_scale="rceil"):
+    """mx_framed with stochastically rounded elements (compress/stochastic.h, stochastic_fp8_value and
+    stochastic_e2m1_value): each block's exponent X as mx_blocks chooses it, each element's magnitude
+    |v * 2^-X| saturated to L and moved onto its element type's grid (MX_GRID, on_grid_sr) by element
+    first + i's random word (random_bits), decoded as element * 2^X."""
+    pre32 = torch.tensor(pre, dtype=torch.float32).item()
+    v = x.float() * pre32
+    n = v.numel()
+    if not n:
+        return v
+    padded = torch.zeros(-(-n // MX_BLOCK) * MX_BLOCK)
+    padded[:n] = v
+    blocks = padded.view(-1, MX_BLOCK)
+    finite = blocks.isfinite().all(1)
+    codes, _ = mx_blocks(padded.masked_fill(~finite.repeat_interleave(MX_BLOCK), 0), wire, mx_scale)
+    x_exp = codes.double() - 127
+    q = (blocks.masked_fill(~finite[:, None], 0).double() * torch.pow(2.0, -x_exp)[:, None]).float().numpy()
+    a = np.minimum(np.abs(q), np.float32(MX_LARGEST[wire])).reshape(-1)
+    magnitude = on_grid_sr(a, random_bits(first, padded.numel(), seed, seq, rank, phase), *MX_GRID[wire])
+    elements = torch.from_numpy(np.copysign(magnitude.reshape(q.shape), q))
+    decoded = elements * torch.pow(2.0, x_exp).float()[:, None]
+    return decoded.masked_fill(~finite[:, None], float("nan")).reshape(-1)[:n]
+
 # NVFP4 (docs/design.md, "NVFP4 blocks"): torchao's nvfp4_quantize with a per-tensor scale, the tensor
 # being a part, and cnccl's rules where torchao has none (the part scale's floor, blocks that are not finite).
 NV_BLOCK = 16
@@ -315,29 +351,36 @@ def nv_framed_sr(x, pre, seed, seq, rank, phase, first):
     return decoded.masked_fill(~finite[:, None], float("nan")).reshape(-1)[:x.numel()]
 
 
-def nv_allreduce_sr(inputs, pre, seed, seq):
-    """An allreduce on nvfp4 with rounding=sr, number `seq` of its group's stochastic collectives: parts of
-    ceil(n / ranks), each rank's part p rounded with its own bits from index p x part on, the owner's sums
-    with the sums' (ANY_OWNER, RESULT)."""
+def framed_sr(x, wire, pre, seed, seq, rank, phase, first, mx_scale="rceil"):
+    """x through a block wire's frame with stochastically rounded elements: nv_framed_sr or mx_framed_sr."""
+    if wire == "nvfp4":
+        return nv_framed_sr(x, pre, seed, seq, rank, phase, first)
+    return mx_framed_sr(x, wire, pre, seed, seq, rank, phase, first, mx_scale)
+
+
+def allreduce_sr(inputs, wire, pre, seed, seq, mx_scale="rceil"):
+    """An allreduce on a block wire with rounding=sr, number `seq` of its group's stochastic collectives:
+    parts of ceil(n / ranks), each rank's part p rounded with its own bits from index p x part on, the
+    owner's sums with the sums' (ANY_OWNER, RESULT)."""
     n, world = inputs[0].numel(), len(inputs)
     c = -(-n // world)
     out = []
     for p in range(world):
         acc = None
         for r, x in enumerate(inputs):
-            d = nv_framed_sr(x[p * c:(p + 1) * c], pre, seed, seq, r, CONTRIBUTION, p * c)
+            d = framed_sr(x[p * c:(p + 1) * c], wire, pre, seed, seq, r, CONTRIBUTION, p * c, mx_scale)
             acc = d if acc is None else acc + d
-        out.append(nv_framed_sr(acc, 1.0, seed, seq, ANY_OWNER, RESULT, p * c))
+        out.append(framed_sr(acc, wire, 1.0, seed, seq, ANY_OWNER, RESULT, p * c, mx_scale))
     return torch.cat(out)
 
 
-def nv_reduce_scatter_sr(inputs, rank, pre, seed, seq):
-    """This rank's output of a reduce_scatter_tensor on nvfp4 with rounding=sr: every rank's chunk `rank`
-    rounded with its own bits from index rank x each on, summed in fp32 in rank order, not rounded."""
+def reduce_scatter_sr(inputs, rank, wire, pre, seed, seq, mx_scale="rceil"):
+    """This rank's output of a reduce_scatter_tensor on a block wire with rounding=sr: every rank's chunk
+    `rank` rounded with its own bits from index rank x each on, summed in fp32 in rank order, not rounded."""
     each = inputs[0].numel() // len(inputs)
     acc = None
     for r, x in enumerate(inputs):
-        d = nv_framed_sr(x[rank * each:(rank + 1) * each], pre, seed, seq, r, CONTRIBUTION, rank * each)
+        d = framed_sr(x[rank * each:(rank + 1) * each], wire, pre, seed, seq, r, CONTRIBUTION, rank * each, mx_scale)
         acc = d if acc is None else acc + d
     return acc
 

@@ -56,6 +56,10 @@ HostPath::Step HostPath::mx_allreduce_step(const at::Tensor& tensor, const Plan&
   // Results restored chunk by chunk into the tensor, or into a staging copy that replaces it once
   // every chunk is in (a strided tensor, or untouched_on_failure: docs/design.md, "Shared memory").
   const bool direct = tensor.is_contiguous() && !config_.untouched_on_failure;
+  // Stochastic rounding: each value takes the bits of its index in the tensor.
+  const auto dithered = dithers(plan, size_t(n));
+  const compress::Dither contributions = dithered.first, of_sums = dithered.second;
+  const bool stochastic = plan.stochastic;
   auto src = std::make_shared<at::Tensor>();
   auto rows = std::make_shared<Rows>();
   Step step;
@@ -71,11 +75,13 @@ HostPath::Step HostPath::mx_allreduce_step(const at::Tensor& tensor, const Plan&
     char* y = direct ? static_cast<char*>(tensor.data_ptr()) : b.workspace;
     const ChunkProduce produce = [=](size_t block, size_t k, char* dst) {
       const size_t q = block / units;
-      codec.encode({&(*rows)[q], count, plan.pre_scale}, block - q * units, k, reinterpret_cast<uint8_t*>(dst));
+      codec.encode({&(*rows)[q], count, plan.pre_scale, 0, stochastic ? &contributions : nullptr, q * uint64_t(count)},
+                   block - q * units, k, reinterpret_cast<uint8_t*>(dst));
     };
     const RankSum sum = [=](const char* const* in, char* dst, size_t block, size_t k) {
+      const size_t q = block / units;
       codec.sum_encode(reinterpret_cast<const uint8_t* const*>(in), size, block % units, k,
-                       reinterpret_cast<uint8_t*>(dst));
+                       reinterpret_cast<uint8_t*>(dst), stochastic ? &of_sums : nullptr, q * uint64_t(count));
     };
     const ChunkConsume consume = [=](size_t block, size_t k, const char* result) {
       const size_t q = block / units;
@@ -102,6 +108,8 @@ HostPath::Step HostPath::mx_reduce_scatter_step(const std::vector<at::Tensor>& i
   const int64_t each = output.numel();
   const LevelCodec codec(plan.wire, each, plan.mx_scale);
   const size_t units = codec.units();
+  const compress::Dither contributions = dithers(plan, size_t(each) * size_t(size)).first;
+  const bool stochastic = plan.stochastic;
   auto rows = std::make_shared<Rows>();
   Step step;
   step.on_shm = on_shm;
@@ -112,7 +120,8 @@ HostPath::Step HostPath::mx_reduce_scatter_step(const std::vector<at::Tensor>& i
   step.algorithm = [=, this](const Buffers& b) {
     const ChunkProduce produce = [=](size_t block, size_t k, char* dst) {
       const size_t q = block / units;
-      codec.encode({&(*rows)[q], each, plan.pre_scale}, block - q * units, k, reinterpret_cast<uint8_t*>(dst));
+      codec.encode({&(*rows)[q], each, plan.pre_scale, 0, stochastic ? &contributions : nullptr, q * uint64_t(each)},
+                   block - q * units, k, reinterpret_cast<uint8_t*>(dst));
     };
     const RankSum sum = [=](const char* const* in, char* dst, size_t block, size_t k) {
       codec.sum(reinterpret_cast<const uint8_t* const*>(in), size, nullptr, block % units, k,
@@ -133,7 +142,7 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
   const int size = size_;
   const int64_t n = tensor.numel(), count = (n + size - 1) / size;
   const LevelCodec codec(plan.wire, count, plan.mx_scale);
-  // Stochastic rounding (NVFP4's only): each value takes the bits of its index in the tensor.
+  // Stochastic rounding (NVFP4's here): each value takes the bits of its index in the tensor.
   const auto dithered = dithers(plan, size_t(n));
   const compress::Dither contributions = dithered.first, of_sums = dithered.second;
   const bool stochastic = plan.stochastic;

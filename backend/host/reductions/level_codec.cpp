@@ -172,6 +172,9 @@ void LevelCodec::encode(const Row& row, size_t u, size_t k, uint8_t* dst) const 
       return compress::nv_encode(v, have, total, float(row.scale), part, dst, *row.dither, row.first + at);
     }
     if (form_ == Form::kPartBlocks) return compress::nv_encode(v, have, total, float(row.scale), part, dst);
+    if (row.dither) {
+      return compress::mx_encode(v, have, total, float(row.scale), wire_, mx_scale_, dst, *row.dither, row.first + at);
+    }
     compress::mx_encode(v, have, total, float(row.scale), wire_, mx_scale_, dst);
   };
   const size_t segment = size_t(row.segment), j = at / segment;
@@ -223,9 +226,12 @@ float LevelCodec::sum(const uint8_t* const* in, int ranks, int32_t* heard, size_
   return compress::nv_sum(runs.data(), parts.data(), size_t(ranks), dst, values_of(u, k).second);
 }
 
-void LevelCodec::sum_encode(const uint8_t* const* in, int ranks, size_t u, size_t k, uint8_t* dst) const {
+void LevelCodec::sum_encode(const uint8_t* const* in, int ranks, size_t u, size_t k, uint8_t* dst,
+                            const compress::Dither* dither, uint64_t first) const {
   TORCH_INTERNAL_ASSERT(form_ == Form::kBlocks, "cnccl: sum_encode takes MX blocks");
-  compress::mx_sum_encode(in, size_t(ranks), values_of(u, k).second, wire_, mx_scale_, dst);
+  const auto [at, len] = values_of(u, k);
+  if (dither) return compress::mx_sum_encode(in, size_t(ranks), len, wire_, mx_scale_, dst, *dither, first + at);
+  compress::mx_sum_encode(in, size_t(ranks), len, wire_, mx_scale_, dst);
 }
 
 void LevelCodec::restore(const uint8_t* run, int32_t* told, int64_t sender, size_t u, size_t k, int64_t given,

@@ -33,8 +33,8 @@ class LevelCodec {
   // A contribution: a part's values in pieces of `segment` values each, one after another, read where
   // they lie (fp32 or fp64, contiguous; the last may be short, and values past the pieces are +0), each
   // multiplied by `scale`; a frame's exponent `k` (exponent(): an NVFP4 part scale's bits).
-  // An NVFP4 row's elements are rounded stochastically where `dither` is given, value i taking the bits
-  // of index first + i (compress/stochastic.h).
+  // A block row's elements (MX, NVFP4) are rounded stochastically where `dither` is given, value i taking
+  // the bits of index first + i (compress/stochastic.h).
   struct Row {
     const std::vector<at::Tensor>* pieces;
     int64_t segment;
@@ -73,8 +73,10 @@ class LevelCodec {
   // stores each rank's exponent in heard[r] for the later runs. Returns the largest |sum| (frames: NaN if
   // any is; NVFP4: the largest finite; else 0).
   float sum(const uint8_t* const* in, int ranks, int32_t* heard, size_t u, size_t k, float* dst) const;
-  // MX blocks: the owner's sums of units [u, u + k) encoded again, as encode() of them would, into dst.
-  void sum_encode(const uint8_t* const* in, int ranks, size_t u, size_t k, uint8_t* dst) const;
+  // MX blocks: the owner's sums of units [u, u + k) encoded again, as encode() of them would, into dst;
+  // rounded stochastically where `dither` is given, the part's value i taking the bits of index first + i.
+  void sum_encode(const uint8_t* const* in, int ranks, size_t u, size_t k, uint8_t* dst,
+                  const compress::Dither* dither = nullptr, uint64_t first = 0) const;
   // Restores units [u, u + k) of the result `run` (rank `sender`'s, for messages) into the part at `dst`
   // (of `dtype`, fp32 or fp64): its values below `given` times `post_scale`. fp32 results are sums.
   // Frames: the run from unit 0 checks the header and stores its exponent in *told for the later runs.
