@@ -780,8 +780,68 @@ inline NvScales nv_scales(__m256i amax, __m256 part, __m256 inverse, const Fp8La
 
 // Two blocks' 32 values, scaled (v[0..2) the first's, v[2..4) the second's), as their 16 element bytes at
 // `out` under their reciprocals r0 and r1; counts the values past 7 into `saturated` (lanes of -1 each).
+inline __m256i mulhi_epu32(__m256i a, __m256i m) {
+  const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(a, m), 32);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
+  return _mm256_blend_epi32(even, odd, 0xAA);
+}
+
+// random_bits(dither, index + i) for i in [0, 128), into out (stochastic.h): Philox4x32-10 on 8 lanes, a
+// block of four words a lane, the blocks from index / 4 on (one more where index is not a multiple of 4).
+void random_words_128(const Dither& d, uint64_t index, uint32_t* out) {
+  alignas(32) uint32_t words[5 * 32];
+  alignas(32) uint32_t lanes[4][8];
+  const size_t skip = index & 3;
+  const __m256i flip = _mm256_set1_epi32(INT32_MIN), lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (size_t g = 0; g * 32 < skip + 128; ++g) {
+    const uint64_t base = (index >> 2) + 8 * g;
+    const __m256i low = _mm256_set1_epi32(int32_t(uint32_t(base)));
+    __m256i c0 = _mm256_add_epi32(low, lane);
+    // A lane whose block index passed a multiple of 2^32 carries into its high word: -1 where c0 < low.
+    const __m256i carry = _mm256_cmpgt_epi32(_mm256_xor_si256(low, flip), _mm256_xor_si256(c0, flip));
+    const __m256i high = _mm256_sub_epi32(_mm256_set1_epi32(int32_t(uint32_t(base >> 32))), carry);
+    __m256i c1 = _mm256_set1_epi32(int32_t(d.seq)), c2 = _mm256_set1_epi32(int32_t(d.rank));
+    __m256i c3 = _mm256_add_epi32(_mm256_set1_epi32(int32_t(d.phase)), _mm256_slli_epi32(high, 1));
+    uint32_t k0 = uint32_t(d.seed), k1 = uint32_t(d.seed >> 32);
+    const __m256i m0 = _mm256_set1_epi32(int32_t(0xD2511F53u)), m1 = _mm256_set1_epi32(int32_t(0xCD9E8D57u));
+    for (int round = 0; round < 10; ++round) {
+      const __m256i hi0 = mulhi_epu32(c0, m0), lo0 = _mm256_mullo_epi32(c0, m0);
+      const __m256i hi1 = mulhi_epu32(c2, m1), lo1 = _mm256_mullo_epi32(c2, m1);
+      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(int32_t(k0)));
+      c1 = lo1;
+      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(int32_t(k1)));
+      c3 = lo0;
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const __m256i c[4] = {c0, c1, c2, c3};
+    for (int k = 0; k < 4; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[k]), c[k]);
+    for (int l = 0; l < 8; ++l) {
+      for (int k = 0; k < 4; ++k) words[g * 32 + size_t(l) * 4 + size_t(k)] = lanes[k][l];
+    }
+  }
+  __builtin_memcpy(out, words + skip, 128 * sizeof(uint32_t));
+}
+
+// stochastic_e2m1_value (stochastic.h) on 8 lanes: the same operations, each exact.
+inline __m256 stochastic_e2m1(__m256 a, __m256i random) {
+  const __m256 below2 = _mm256_cmp_ps(a, _mm256_set1_ps(2.0f), _CMP_LT_OQ);
+  const __m256 below4 = _mm256_cmp_ps(a, _mm256_set1_ps(4.0f), _CMP_LT_OQ);
+  const __m256 spacing = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_set1_ps(2.0f), _mm256_set1_ps(1.0f), below4),
+                                          _mm256_set1_ps(0.5f), below2);
+  const __m256 inverse = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(1.0f), below4),
+                                          _mm256_set1_ps(2.0f), below2);
+  const __m256 q = _mm256_mul_ps(a, inverse);
+  const __m256 m = _mm256_floor_ps(q);
+  const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(random, 8)), _mm256_set1_ps(0x1p-24f));
+  const __m256 up = _mm256_and_ps(_mm256_cmp_ps(u, _mm256_sub_ps(q, m), _CMP_LT_OQ), _mm256_set1_ps(1.0f));
+  return _mm256_mul_ps(_mm256_add_ps(m, up), spacing);
+}
+
+// Two blocks' elements (v[0..2) and v[2..4), their reciprocals r0 and r1) into 16 bytes at out; with
+// `random` (32 words, element order) rounded stochastically.
 inline void nv_encode_pair(const __m256* v, __m256 r0, __m256 r1, const Fp8Lanes& e2m1, __m256i& saturated,
-                           uint8_t* out) {
+                           uint8_t* out, const uint32_t* random = nullptr) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256i c[4];
   #pragma GCC unroll 4
@@ -790,7 +850,11 @@ inline void nv_encode_pair(const __m256* v, __m256 r0, __m256 r1, const Fp8Lanes
     const __m256 a = _mm256_and_ps(q, magnitude);
     saturated = _mm256_add_epi32(saturated, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(7.0f), _CMP_GE_OQ)));
     const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(q), 31), 3);
-    c[k] = _mm256_or_si256(e2m1.codes_in_range(_mm256_min_ps(a, _mm256_set1_ps(6.0f))), sign);
+    __m256 clamped = _mm256_min_ps(a, _mm256_set1_ps(6.0f));
+    if (random) {
+      clamped = stochastic_e2m1(clamped, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(random + 8 * k)));
+    }
+    c[k] = _mm256_or_si256(e2m1.codes_in_range(clamped), sign);
   }
   const __m256i bytes = bytes_of(c);
   // Element 2j in the low nibble of byte j, 2j + 1 in its high nibble.
@@ -804,7 +868,7 @@ inline void nv_encode_pair(const __m256* v, __m256 r0, __m256 r1, const Fp8Lanes
 // the elements two blocks a store; a block that is not finite is written over after; the rest (fewer than
 // eight) by the scalar kernel.
 void nv_encode_f32(const float* src, size_t count, float scale, float part, float inverse, uint8_t* scales,
-                   uint8_t* elements, Census* census) {
+                   uint8_t* elements, Census* census, const Dither* dither, uint64_t first) {
   constexpr size_t kBlockBytes = kNvBlock / 2;
   const Fp8Lanes e4m3(Wire::kE4m3), e2m1(Wire::kMxfp4);
   const __m256 s = _mm256_set1_ps(scale), p = _mm256_set1_ps(part), inv = _mm256_set1_ps(inverse);
@@ -837,13 +901,16 @@ void nv_encode_f32(const float* src, size_t count, float scale, float part, floa
     const NvScales lanes = nv_scales(amax, p, inv, e4m3);
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(lanes.codes), _mm256_extracti128_si256(lanes.codes, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(scales + b), _mm_packus_epi16(words, words));
+    alignas(32) uint32_t random[8 * kNvBlock];
+    if (dither) random_words_128(*dither, first + b * kNvBlock, random);
     #pragma GCC unroll 4
     for (int j = 0; j < 8; j += 2) {
       load(b + j, v);  // again, from L1
       load(b + j + 1, v + 2);
       const __m256 r0 = _mm256_permutevar8x32_ps(lanes.reciprocals, _mm256_set1_epi32(j));
       const __m256 r1 = _mm256_permutevar8x32_ps(lanes.reciprocals, _mm256_set1_epi32(j + 1));
-      nv_encode_pair(v, r0, r1, e2m1, saturated, elements + (b + j) * kBlockBytes);
+      nv_encode_pair(v, r0, r1, e2m1, saturated, elements + (b + j) * kBlockBytes,
+                     dither ? random + j * kNvBlock : nullptr);
     }
     const int bad = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(amax, finite_top)));
     for (int j = 0; bad >> j; ++j) {
@@ -868,7 +935,7 @@ void nv_encode_f32(const float* src, size_t count, float scale, float part, floa
     census->nonfinite += nonfinite;
   }
   scalar_kernels().nv_encode_f32(src + b * kNvBlock, count - b, scale, part, inverse, scales + b,
-                                 elements + b * kBlockBytes, census);
+                                 elements + b * kBlockBytes, census, dither, first + b * kNvBlock);
 }
 
 // The 16 values of a block under the scale fl(P * S) (decode_block in cpu_nvfp4.cpp), into v[0..2); `e4m3`

@@ -9,6 +9,7 @@
 
 #include "compress/codec.h"
 #include "compress/formats.h"
+#include "compress/stochastic.h"
 
 namespace cnccl::compress::detail {
 
@@ -53,9 +54,10 @@ struct CpuKernels {
                  float* out);
   // NVFP4 blocks (cpu_nvfp4.cpp): `blocks` whole blocks of 16 values src[i] * scale under the part scale
   // `part` (`inverse` = fl(1 / part)), their scale codes to scales[0..blocks) and their elements to
-  // `elements` (8 bytes a block); what the values met is counted into the census, if any.
+  // `elements` (8 bytes a block); what the values met is counted into the census, if any. With a dither the
+  // elements are rounded stochastically, src[i] taking the random bits of index first + i.
   void (*nv_encode_f32)(const float* src, size_t blocks, float scale, float part, float inverse, uint8_t* scales,
-                        uint8_t* elements, Census* census);
+                        uint8_t* elements, Census* census, const Dither* dither, uint64_t first);
   // The values of `blocks` whole blocks under the part scale `part`, into out[0..16 * blocks) (op as MX's).
   void (*nv_decode)(const uint8_t* scales, const uint8_t* elements, size_t blocks, float part, float* out,
                     MxDecodeOp op, float post);
@@ -128,7 +130,7 @@ void scalar_mx_sum(const uint8_t* const* scales, const uint8_t* const* elements,
                    float* out);
 // The scalar NVFP4 block kernels (cpu_nvfp4.cpp), the definition the vector ones are tested against.
 void scalar_nv_encode_f32(const float* src, size_t blocks, float scale, float part, float inverse, uint8_t* scales,
-                          uint8_t* elements, Census* census);
+                          uint8_t* elements, Census* census, const Dither* dither, uint64_t first);
 void scalar_nv_decode(const uint8_t* scales, const uint8_t* elements, size_t blocks, float part, float* out,
                       MxDecodeOp op, float post);
 float scalar_nv_sum(const uint8_t* const* scales, const uint8_t* const* elements, const float* parts, size_t k,

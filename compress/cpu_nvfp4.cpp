@@ -154,12 +154,10 @@ void encode(const T* src, size_t n, size_t count, float scale, float part, uint8
   const float inverse = 1.0f / part;
   size_t b = 0;
   if constexpr (std::is_same_v<T, float>) {
-    // The whole blocks of given values go to the block kernel at once (rounded to nearest: stochastic
-    // rounding has the scalar kernel only).
-    if (!rounding.dither) {
-      b = std::min(n, count) / kNvBlock;
-      detail::active_kernels().nv_encode_f32(src, b, scale, part, inverse, scales, elements, sink.census);
-    }
+    // The whole blocks of given values go to the block kernel at once.
+    b = std::min(n, count) / kNvBlock;
+    detail::active_kernels().nv_encode_f32(src, b, scale, part, inverse, scales, elements, sink.census,
+                                           rounding.dither, rounding.first);
   }
   float v[kNvBlock];
   for (; b * kNvBlock < count; ++b) {
@@ -196,11 +194,12 @@ void decode(const uint8_t* src, size_t count, float part, size_t n, float* out, 
 namespace detail {
 
 void scalar_nv_encode_f32(const float* src, size_t blocks, float scale, float part, float inverse, uint8_t* scales,
-                          uint8_t* elements, Census* census) {
+                          uint8_t* elements, Census* census, const Dither* dither, uint64_t first) {
   float v[kNvBlock];
   for (size_t b = 0; b < blocks; ++b) {
     for (size_t j = 0; j < kNvBlock; ++j) v[j] = src[b * kNvBlock + j] * scale;
-    scales[b] = encode_block(v, kNvBlock, part, inverse, elements + b * kBlockBytes, census);
+    scales[b] = encode_block(v, kNvBlock, part, inverse, elements + b * kBlockBytes, census, dither,
+                             first + b * kNvBlock);
   }
 }
 

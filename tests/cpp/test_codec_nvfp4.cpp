@@ -207,6 +207,34 @@ TEST(CodecNvfp4, StochasticRoundingIsUnbiased) {
   }
 }
 
+// The vector kernels round stochastically as the scalar one does, bit for bit (their Philox on 8 lanes and
+// the rounding's operations), for every kind of values, from indices that are and are not a multiple of 4,
+// and across the index 2^34, where a block counter's low word wraps and the phase word changes, within one
+// group of 8 blocks.
+TEST(CodecNvfp4, StochasticEncodingIsTheScalarKernelsBitForBit) {
+  const PathGuard guard;
+  if (vector_paths().empty()) GTEST_SKIP() << "this processor has no vector path";
+  const Dither dither = contribution_dither(0xFEDCBA9876543210ull, 4, 2);
+  for (size_t n : {size_t(17), size_t(1000), size_t(4113)}) {
+    for (const auto& [kind, v] : kinds(n)) {
+      for (uint64_t first : {uint64_t(0), uint64_t(1), uint64_t(3), (uint64_t(1) << 34) - 77}) {
+        const std::string what = kind + " n=" + std::to_string(n) + " first=" + std::to_string(first);
+        auto encoded_on = [&](CpuPath path) {
+          set_cpu_path(path);
+          Encoded e;
+          e.bytes.assign(nv_bytes(n), 0xAB);
+          const CensusScope scope(&e.census, 7);
+          e.part = nv_part_scale(v.data(), n, 0.7f);
+          nv_encode(v.data(), n, n, 0.7f, e.part, e.bytes.data(), dither, first);
+          return e;
+        };
+        const Encoded want = encoded_on(CpuPath::kScalar);
+        for (CpuPath path : vector_paths()) expect_same(encoded_on(path), want, std::string(cpu_path_name(path)) + " " + what);
+      }
+    }
+  }
+}
+
 // Each element takes the random word of its own index (compress/stochastic.h, random_bits), across the
 // index 2^34 where the words' counter changes phase: the run's elements from index 2^34 - 20 on, each
 // against stochastic_e2m1_value of its word. P = 1 and S = 1 as above, so each element's q is its value.
