@@ -1,6 +1,7 @@
 """How far compressed gradient communication moves training from fp32, at 4 CPU ranks.
 
 Usage: python3 bench/accuracy.py [--ranks 4] [--steps 30] [--long-steps 500] [--no-levels] [--json FILE]
+       python3 bench/accuracy.py --seeds 3 [--steps 30] [--long-steps 500]
 
 Every run trains its own copy of the same small transformer block (tests/python/models.py) on the
 same data for the same SGD steps, its gradients averaged by DDP, or reduce-scattered by FSDP2
@@ -20,6 +21,11 @@ magnitudes, of which e4m3 with one exponent a part flushes about one in six to z
 exponent a part and through MX blocks under each rule: the relative L2 error and the mean per-element
 relative error, with the goals for RCEIL's mxfp8 (L2 at most e4m3's, the per-element error at most 0.2x
 its) printed as met or not met.
+
+--seeds K runs only the 4-bit matrix (MATRIX: {mxfp4, nvfp4} x {rne, sr} x {no rotation, hadamard}, and
+mxfp8 with and without the rotation), K times, each seed its own initialisation, data and sr_seed, DDP and
+FSDP2 for --steps and --long-steps: each combination's distance and its ratio to mxfp8's of the same seed,
+the mean and the range over the seeds, and the goal (the best 4-bit combination within 2.5x mxfp8) for each.
 
 A wire per level (inter_host_wire) has levels only across hosts: its runs (LEVEL_RUNS, beside mxfp8 everywhere)
 are a job of 2 hosts x 2 ranks, each host a torchrun in an IPC namespace of its own on this machine's network
@@ -87,6 +93,14 @@ FOUR_BIT = ["cnccl mxfp4, accumulate=fp32", "cnccl nvfp4, accumulate=fp32", "cnc
             "cnccl nvfp4, accumulate=fp32, sr, hadamard"]
 EIGHT_BIT = "cnccl mxfp8, accumulate=fp32"
 FOUR_BIT_GOAL = 2.5
+# --seeds: every 4-bit combination {mxfp4, nvfp4} x {rne, sr} x {no rotation, hadamard}, and mxfp8 with and
+# without the rotation, each seed its own initialisation, data and sr_seed; DDP and FSDP2 for --steps and
+# --long-steps.
+MATRIX = {f"{wire}{', sr' if sr else ''}{', hadamard' if rotated else ''}": dict(
+    wire_dtype=wire, accumulate="fp32", **({"rounding": "sr"} if sr else {}), **({"rotation": "hadamard"} if rotated else {}))
+    for wire in ("mxfp8", "mxfp4", "nvfp4") for sr in (False, True) for rotated in (False, True)
+    if not (wire == "mxfp8" and sr)}
+MATRIX_EIGHT_BIT = "mxfp8"
 # A wire per level, (inside a host | across hosts), against mxfp8 everywhere, on 2 hosts x 2 ranks.
 MXFP8_EVERYWHERE = "cnccl mxfp8, accumulate=fp32"
 LEVEL_RUNS = {
@@ -104,20 +118,21 @@ def params(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def batches(rank, steps):
-    gen = torch.Generator().manual_seed(1000 + rank)
+def batches(rank, steps, seed=0):
+    gen = torch.Generator().manual_seed(1000 + rank + 100 * seed)
     return [Block.batch(gen, "cpu") for _ in range(steps)]
 
 
-def train_ddp(group, steps, rank, hook=None, losses=None):
-    """The parameters after `steps`; the last step's loss is appended to `losses`."""
-    torch.manual_seed(0)
+def train_ddp(group, steps, rank, hook=None, losses=None, seed=0):
+    """The parameters after `steps` from the initialisation and data of `seed`; the last step's loss is
+    appended to `losses`."""
+    torch.manual_seed(seed)
     net = Block()
     model = DDP(net, process_group=group)
     if hook:
         model.register_comm_hook(group, hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    for tokens, target in batches(rank, steps):
+    for tokens, target in batches(rank, steps, seed):
         opt.zero_grad()
         loss = Block.loss(model(tokens), target)
         loss.backward()
@@ -127,15 +142,15 @@ def train_ddp(group, steps, rank, hook=None, losses=None):
     return params(net)
 
 
-def train_fsdp2(group, steps, rank):
+def train_fsdp2(group, steps, rank, seed=0):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     net = Block()
     fully_shard(net, mesh=DeviceMesh.from_group(group, "cpu"))
     opt = torch.optim.SGD(net.parameters(), lr=0.5)
-    for tokens, target in batches(rank, steps):
+    for tokens, target in batches(rank, steps, seed):
         opt.zero_grad()
         Block.loss(net(tokens), target).backward()
         opt.step()
@@ -178,6 +193,53 @@ def worker(rank, world, port, steps, long_steps, out):
     if rank == 0:
         out.put((results, long))
     dist.destroy_process_group()
+
+
+def seeds_worker(rank, world, port, seeds, steps, long_steps, out):
+    """MATRIX's distances from gloo fp32 for each seed, DDP and FSDP2, after `steps` and `long_steps`:
+    {"seed|kind|steps|name": distance}, from rank 0."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", CNCCL_SHM="off")
+    import cnccl
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = {}
+    for seed in range(seeds):
+        groups = {name: dist.new_group(backend="cnccl", pg_options=cnccl.Options(min_bytes=0, sr_seed=seed, **fields))
+                  for name, fields in MATRIX.items()}
+        for kind, train in (("DDP", train_ddp), ("FSDP2", train_fsdp2)):
+            for n in (steps, long_steps):
+                reference = train(dist.group.WORLD, n, rank, seed=seed)
+                for name, g in groups.items():
+                    results[f"{seed}|{kind}|{n}|{name}"] = distance(train(g, n, rank, seed=seed), reference)
+        for g in groups.values():
+            dist.destroy_process_group(g)
+    if rank == 0:
+        out.put(results)
+    dist.destroy_process_group()
+
+
+def print_seeds(results, seeds, steps, long_steps):
+    """Each combination's distance and its ratio to mxfp8's of the same seed: mean and range over the
+    seeds; the goal (the best 4-bit combination's mean ratio within FOUR_BIT_GOAL) for each run."""
+    print(f"\n{seeds} seeds, {len(MATRIX)} wires: relative L2 distance from the fp32 gloo run of the same seed, and "
+          "its ratio to mxfp8's (mean [min, max] over the seeds)")
+    goals = []
+    for kind in ("DDP", "FSDP2"):
+        for n in (steps, long_steps):
+            print(f"{kind} {n} steps")
+            ratios = {}
+            for name in MATRIX:
+                d = [results[f"{s}|{kind}|{n}|{name}"] for s in range(seeds)]
+                r = [x / results[f"{s}|{kind}|{n}|{MATRIX_EIGHT_BIT}"] for s, x in enumerate(d)]
+                ratios[name] = sum(r) / seeds
+                print(f"{'':8}{name:24}{sum(d) / seeds:12.3e} [{min(d):.3e}, {max(d):.3e}]"
+                      f"{ratios[name]:9.2f}x [{min(r):.2f}, {max(r):.2f}]")
+            four_bit = [name for name in MATRIX if not name.startswith("mxfp8")]
+            best = min(four_bit, key=ratios.get)
+            goals.append(f"goal: {kind}, {n} steps: the best 4-bit combination ({best}) / mxfp8 = "
+                         f"{ratios[best]:.2f} (<= {FOUR_BIT_GOAL:g}, mean of {seeds} seeds): "
+                         f"{'met' if ratios[best] <= FOUR_BIT_GOAL else 'not met'}")
+    print("\n".join(goals))
 
 
 def levels_worker(steps, long_steps, out):
@@ -257,6 +319,22 @@ def block_errors(n=1 << 20):
     return out
 
 
+def gaussian_errors(n=1 << 20):
+    """Relative L2 error of one encoding of Gaussian values (a gradient's blocks have no outliers here) on
+    each block wire, to nearest and stochastically (cnccl's frames: _C._encode_frames with sr_seed): the
+    noise a 4-bit wire adds to every contribution, against mxfp8's."""
+    from cnccl import _C
+
+    x = torch.randn(n, generator=torch.Generator().manual_seed(6))
+    out = {}
+    for wire in ("mxfp8", "mxfp4", "nvfp4"):
+        for sr in (False, True):
+            frames = _C._encode_frames([x], n, 1.0, wire, sr_seed=1 if sr else None)
+            decoded = _C._decode_frames(frames, n, wire)[0]
+            out[f"{wire}{', sr' if sr else ''}"] = ((decoded.double() - x.double()).norm() / x.double().norm()).item()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=4)
@@ -264,11 +342,25 @@ def main():
     ap.add_argument("--long-steps", type=int, default=500, help="0: no long runs")
     ap.add_argument("--no-levels", action="store_true", help="skip the 2 hosts x 2 ranks job (a wire per level)")
     ap.add_argument("--levels-only", action="store_true", help="only that job")
+    ap.add_argument("--seeds", type=int, default=0,
+                    help="only the 4-bit matrix (MATRIX), over this many seeds, DDP and FSDP2 for --steps and "
+                         "--long-steps")
     ap.add_argument("--json", default=os.path.join(RESULTS, "accuracy.json"))
     ap.add_argument("--levels-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.levels_worker:
         return levels_worker(args.steps, args.long_steps, args.levels_worker)
+    if args.seeds:
+        long_steps = args.long_steps or args.steps
+        results = spawn(seeds_worker, args.ranks, args.seeds, args.steps, long_steps)
+        print_seeds(results, args.seeds, args.steps, long_steps)
+        noise = gaussian_errors()
+        print("\none encoding of 2^20 Gaussian values: relative L2 error, and its ratio to mxfp8's")
+        for name, e in noise.items():
+            print(f"{'':8}{name:24}{e:12.3e}{e / noise['mxfp8']:9.2f}x")
+        return save_json({"ranks": args.ranks, "seeds": args.seeds, "steps": args.steps, "long_steps": long_steps,
+                          "matrix": results, "gaussian_errors": noise},
+                         args.json.replace("accuracy.json", "accuracy_seeds.json"))
     levels = None if args.no_levels else run_levels(args.steps, args.long_steps or args.steps)
     if levels:
         print_levels(levels, args.steps, args.long_steps or args.steps)

@@ -13,8 +13,9 @@ Needs root, `ip` and `tc` (iproute2); prints why and exits 0 elsewhere. UCX runs
 (namespaces do not isolate UCX's shared-memory transports), as tests/python/test_multinode.py does.
 
 Usage: python3 bench/link.py [--rates 1,2.5,10] [--ranks-per-host 1,2] [--hosts 2,3] [--sizes 1M,4M,16M,64M]
-                             [--trials 5] [--json FILE] [--docs] [--docs-from JSON]
-(--docs rewrites docs/benchmarks.md's link section between its markers.)
+                             [--trials 5] [--wires W,...] [--json FILE] [--docs] [--docs-from JSON]
+(--docs rewrites docs/benchmarks.md's link section between its markers.) --wires may also name the 4-bit
+matrix's variants (MATRIX: -sr stochastic rounding, -had the block rotation), which the default leaves out.
 """
 
 import argparse
@@ -55,6 +56,14 @@ WIRES = {
     "none|mxfp8": dict(wire_dtype="none", inter_host_wire="mxfp8", accumulate="fp32"),
     "fp16|mxfp4": dict(wire_dtype="fp16", inter_host_wire="mxfp4", accumulate="fp32"),
 }
+# The 4-bit matrix (bench/accuracy.py --seeds): stochastic rounding (-sr) and the block rotation (-had) on
+# the 4-bit wires, and the rotation on mxfp8. Run when --wires names them.
+MATRIX = {f"{wire}{'-sr' if sr else ''}{'-had' if rotated else ''}": dict(
+    WIRES[wire], **({"rounding": "sr"} if sr else {}), **({"rotation": "hadamard"} if rotated else {}))
+    for wire in ("mxfp8", "mxfp4", "nvfp4") for sr in (False, True) for rotated in (False, True)
+    if (sr or rotated) and not (wire == "mxfp8" and sr)}
+DEFAULT_WIRES = list(WIRES)
+WIRES.update(MATRIX)
 PER_LEVEL = [w for w in WIRES if "|" in w]
 # (hosts, ranks a host, Gbit/s, size, wire, goal): the goal is a ratio to gloo fp32 at least, or the name of
 # the variant it must be at least as fast as (a wire per level against the flat wire with its wire across),
@@ -67,7 +76,9 @@ GOALS = [(2, 1, 2.5, M64, "none", 0.95), (2, 1, 2.5, M64, "fp16", 1.9), (2, 1, 2
          (2, 2, 1, M64, "fp16|mxfp8", 5.0), (2, 2, 1, M64, "fp16|mxfp4", 9.5),
          (2, 2, 2.5, M64, "fp16|mxfp8", "mxfp8"), (2, 2, 2.5, M64, "fp16|mxfp4", "mxfp4"),
          (3, 2, 1, M64, "fp16|mxfp8", 4.0),
-         (2, 1, 1, M64, "nvfp4", ("mxfp4", 0.9)), (2, 1, 2.5, M64, "nvfp4", ("mxfp4", 0.9))]
+         (2, 1, 1, M64, "nvfp4", ("mxfp4", 0.9)), (2, 1, 2.5, M64, "nvfp4", ("mxfp4", 0.9)),
+         # The most accurate 4-bit combination (docs/numerics.md, "NVFP4 blocks"), against mxfp4.
+         (2, 1, 1, M64, "nvfp4-sr", ("mxfp4", 0.9)), (2, 1, 2.5, M64, "nvfp4-sr", ("mxfp4", 0.9))]
 JOB_TIMEOUT = 900
 
 
@@ -385,7 +396,8 @@ def main():
                         help="with --hosts 3: only these rates (Gbit/s), at the largest ranks a host")
     parser.add_argument("--sizes", default="1M,4M,16M,64M")
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--wires", default=",".join(WIRES), help="cnccl's variants to run beside gloo's")
+    parser.add_argument("--wires", default=",".join(DEFAULT_WIRES),
+                        help=f"cnccl's variants to run beside gloo's; beside the default ones: {', '.join(MATRIX)}")
     parser.add_argument("--json", default=os.path.join(RESULTS, "link.json"))
     parser.add_argument("--docs", action="store_true", help="rewrite docs/benchmarks.md's link section")
     parser.add_argument("--docs-from", metavar="JSON", help="rewrite it from an earlier run's --json, running nothing")

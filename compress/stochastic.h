@@ -137,7 +137,7 @@ void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire
          uint64_t first);
 // NVFP4 with stochastically rounded elements (cpu_nvfp4.cpp): as nv_encode() and nv_sum_encode() in
 // codec.h, each element rounded by stochastic_e2m1_value with the random bits of element `first + i`;
-// the block scales as before. The scalar kernels only.
+// the block scales as before. The scalar kernel defines it; the AVX2 one gives its bits (cpu_avx2.cpp).
 void nv_encode(const float* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
                uint64_t first);
 void nv_encode(const double* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
