@@ -4,7 +4,7 @@
 // agreed beforehand and no round trip is added; the receiver decodes exactly.
 //
 // These functions are the CPU kernels' form, on CPU tensors (compress/codec.h). The composed path's CUDA
-// device runs CUDA kernels of the same definition (compress/cuda_codec.h, frame_*), both built on the
+// device runs CUDA kernels of the same definition (compress/cuda/codec.h, frame_*), both built on the
 // scalar conversions of compress/formats.h; tests/cpp/test_frames.cpp holds the CPU form to an emulation
 // in ATen operations and, on a GPU, the CUDA kernels to the CPU form. One difference: a NaN's bytes (its
 // sign, its payload) may differ between the two; it decodes as NaN on both.

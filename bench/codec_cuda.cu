@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "compress/cuda_codec.h"
+#include "compress/cuda/codec.h"
 
 namespace {
 

@@ -261,7 +261,7 @@ step verdict "${VERDICT[*]}"
 # python -m cnccl (the 2-process self-check on CPU tensors) beside the tests, its output kept whole.
 timeout 150 "$PY" -m cnccl > "$DIR/self_check.log" 2>&1 &
 self_check=$!
-run cpp_codec_cuda 15 "$BUILD/tests/cpp/test_codec_cuda" --gtest_brief=1
+run cpp_codec_cuda 15 "$BUILD/tests/cpp/compress/test_codec_cuda" --gtest_brief=1
 run cpp_frames_cuda 15 "$BUILD/tests/cpp/test_frames" --gtest_brief=1
 run cpp_composition 15 "$BUILD/tests/cpp/test_composition" --gtest_brief=1
 pytest_args=(-q -rfs -p no:cacheprovider --tb=short -o faulthandler_timeout=120)

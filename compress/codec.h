@@ -134,7 +134,7 @@ void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire
 // a reduce_scatter with fp32 accumulation writes it straight into its wide output.
 void sum(const uint16_t* const* in, size_t k, float* dst, size_t n, Wire wire);
 
-// Power-of-two frames on the CPU (backend/frames.h defines them; cpu_frames.cpp, vector forms in cpu_avx2.cpp).
+// Power-of-two frames on the CPU (backend/frames.h defines them; cpu/frames.cpp, vector forms in cpu/avx2.cpp).
 // max |src[i]| over n elements, 0 for none; NaN if any element is NaN.
 float amax(const float* src, size_t n);
 double amax(const double* src, size_t n);
@@ -152,7 +152,7 @@ void restore(const uint8_t* src, double* dst, size_t n, float scale, Wire wire);
 // wire (in[r] points at 16-bit or 8-bit values).
 void scaled_sum(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire wire);
 
-// OCP Microscaling (MX v1.0) blocks on the CPU (cpu_mx.cpp; docs/design.md, "MX blocks"). n values are
+// OCP Microscaling (MX v1.0) blocks on the CPU (cpu/mx.cpp; docs/design.md, "MX blocks"). n values are
 // ceil(n / 32) blocks of 32, the last one short; their bytes (mx_bytes) are the blocks' E8M0 scales,
 // then the elements: one byte each, or for MXFP4 two a byte, element 2j in the low nibble and an odd
 // count's last high nibble zero. A block's values v (src[i] * scale, formed as cast() forms it) with
@@ -197,7 +197,7 @@ void mx_sum_encode(const uint8_t* const* in, size_t k, size_t n, Wire wire, MxSc
 void mx_restore(const uint8_t* src, size_t count, float* dst, size_t n, float post, Wire wire);
 void mx_restore(const uint8_t* src, size_t count, double* dst, size_t n, float post, Wire wire);
 
-// NVFP4 blocks on the CPU (cpu_nvfp4.cpp; docs/design.md, "NVFP4 blocks"), torchao's nvfp4_quantize with a
+// NVFP4 blocks on the CPU (cpu/nvfp4.cpp; docs/design.md, "NVFP4 blocks"), torchao's nvfp4_quantize with a
 // per-tensor scale, the tensor being a part. A run of n values is ceil(n / 16) blocks of 16, the last one
 // short; its bytes (nv_bytes) are the blocks' e4m3 scale codes, then the e2m1 elements, two a byte (element
 // 2j in the low nibble, an odd count's last high nibble zero). With v = src[i] * scale (formed as cast()
@@ -231,7 +231,7 @@ float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size
 void nv_restore(const uint8_t* src, size_t count, float part, float* dst, size_t n, float post);
 void nv_restore(const uint8_t* src, size_t count, float part, double* dst, size_t n, float post);
 
-// The block rotation (cpu_rotation.cpp; docs/design.md, "Block rotation"): each whole block of 16 values
+// The block rotation (cpu/rotation.cpp; docs/design.md, "Block rotation"): each whole block of 16 values
 // becomes y = H · D · x / 4, H the 16 x 16 Sylvester Hadamard matrix (entries +-1) and D the diagonal of
 // signs (bit j of `signs` set: D's j-th entry is -1); orthonormal, so unrotate(), x = D · H · y / 4, undoes
 // it up to rounding. H · v is formed by butterflies at strides 1, 2, 4, 8 (each pair (a, b) becoming

@@ -1,5 +1,5 @@
 // The scalar definitions of the 8-bit conversions, MX block scales and power-of-two frame exponents
-// (codec.h, backend/frames.h), compiled for the CPU kernels and the CUDA ones (cuda_frames.cu) from
+// (codec.h, backend/frames.h), compiled for the CPU kernels and the CUDA ones (cuda/frames.cu) from
 // this one source: both round the same way by construction. The CPU's vector kernels are tested bit
 // for bit against the scalar ones built on these, the CUDA kernels against the CPU's.
 #pragma once

@@ -129,22 +129,22 @@ class RandomWords {
   Philox4 block_{};
 };
 
-// Stochastically rounded CPU codec (cpu_stochastic.cpp): as cast() and sum() in codec.h, with the
+// Stochastically rounded CPU codec (cpu/stochastic.cpp): as cast() and sum() in codec.h, with the
 // rounding above; `first` is the index (for Dither) of element 0 of these buffers.
 void cast(const float* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first);
 void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, const Dither& dither, uint64_t first);
 void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire, const Dither& dither,
          uint64_t first);
-// NVFP4 with stochastically rounded elements (cpu_nvfp4.cpp): as nv_encode() and nv_sum_encode() in
+// NVFP4 with stochastically rounded elements (cpu/nvfp4.cpp): as nv_encode() and nv_sum_encode() in
 // codec.h, each element rounded by stochastic_e2m1_value with the random bits of element `first + i`;
-// the block scales as before. The scalar kernel defines it; the AVX2 one gives its bits (cpu_avx2.cpp).
+// the block scales as before. The scalar kernel defines it; the AVX2 one gives its bits (cpu/avx2.cpp).
 void nv_encode(const float* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
                uint64_t first);
 void nv_encode(const double* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
                uint64_t first);
 float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size_t n, uint8_t* dst,
                     const Dither& dither, uint64_t first);
-// MX blocks with stochastically rounded elements (cpu_mx.cpp): as mx_encode() and mx_sum_encode() in
+// MX blocks with stochastically rounded elements (cpu/mx.cpp): as mx_encode() and mx_sum_encode() in
 // codec.h, each element's magnitude, saturated to L, rounded by stochastic_e2m1_value (MXFP4) or
 // stochastic_fp8_value (MXFP8) with the random bits of element `first + i`; the block scales as before.
 // The scalar kernels only.

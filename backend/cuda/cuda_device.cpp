@@ -18,7 +18,7 @@
 #include "backend/cuda/nccl_engine.h"
 #include "backend/frames.h"
 #include "backend/wide_data.h"
-#include "compress/cuda_codec.h"
+#include "compress/cuda/codec.h"
 
 namespace cnccl::cuda {
 namespace {

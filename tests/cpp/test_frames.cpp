@@ -295,7 +295,7 @@ TEST(Frames, AnExponentOutOfRangeNamesItsRank) {
   }
 }
 
-// The CUDA device's frame kernels (compress/cuda_frames.cu), as the composed path calls them, against the
+// The CUDA device's frame kernels (compress/cuda/frames.cu), as the composed path calls them, against the
 // CPU's: the frames of every wire from fp32 and fp64 rows (rows_of's edges among them), the owner's sum
 // framed again in place over the last row, those sums into fp32 and fp64 outputs, and the restore; a
 // header outside [-126, 126] decodes its frame as NaN. Skips without a GPU.

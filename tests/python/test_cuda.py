@@ -303,7 +303,7 @@ def stochastic_rounding_on_the_gpu_equals_the_cpu_emulation(ctx):
 
 @case
 def pow2_frames_on_the_gpu_equal_the_cpu_emulation(ctx):
-    """Frames are CUDA kernels on the tensor's device (compress/cuda_frames.cu): NCCL moves them as bytes,
+    """Frames are CUDA kernels on the tensor's device (compress/cuda/frames.cu): NCCL moves them as bytes,
     and the bits are the emulation's (wire_formats.py), fp8 included, on any GPU architecture; a tensor
     of 4M elements sends its fp16 frames to the owners in eight chunks."""
     for wire in FRAME_DTYPE:

@@ -28,7 +28,7 @@ def test_the_tree_keeps_its_rooms():
     ("backend/host/transport/comm.cpp", '"backend/host/algorithms/algorithms.h"', "never knows which algorithm"),
     ("backend/host/shm/reduce_shm.cpp", '"backend/host/transport/ucx_transport.h"', "no UCX, no funnel"),
     ("backend/host/shm/copy_shm.cpp", '"backend/host/staging.h"', "no UCX, no funnel"),
-    ("compress/cpu_mx.cpp", '"backend/policy.h"', "knows nothing of c10d"),
+    ("compress/cpu/mx.cpp", '"backend/policy.h"', "knows nothing of c10d"),
     ("backend/composed/composition.cpp", '"backend/host/host_path.h"', "engine-agnostic"),
     ("backend/process_group.cpp", '"backend/host/transport/comm.h"', "only backend/host/host_path.h"),
 ])

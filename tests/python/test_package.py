@@ -291,9 +291,9 @@ def test_the_cuda_kernels_compile_with_ieee_arithmetic_whatever_the_users_flags(
     with open(os.path.join(build, "CMakeCache.txt")) as f:
         user = next((line.split("=", 1)[1].split() for line in f if line.startswith("CMAKE_CUDA_FLAGS:")), [])
     with open(os.path.join(build, "compile_commands.json")) as f:
-        commands = {os.path.basename(e["file"]): e["command"].split() for e in json.load(f)
+        commands = {e["file"].split(os.sep + "compress" + os.sep, 1)[1]: e["command"].split() for e in json.load(f)
                     if e["file"].endswith(".cu") and os.sep + "compress" + os.sep in e["file"]}
-    assert {"cuda_codec.cu", "cuda_frames.cu"} <= set(commands), sorted(commands)
+    assert {"cuda/codec.cu", "cuda/frames.cu"} <= set(commands), sorted(commands)
     for name, argv in commands.items():
         last_user = max((i for i, a in enumerate(argv) if a in user), default=-1)
         for flag in ("-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false"):
@@ -301,9 +301,9 @@ def test_the_cuda_kernels_compile_with_ieee_arithmetic_whatever_the_users_flags(
 
 
 @pytest.mark.skipif(not cnccl.build_info()["cuda_kernels"], reason="torch is a CPU-only build: cnccl has no CUDA path")
-@pytest.mark.parametrize("source", ["cuda_codec.cu", "cuda_frames.cu"])
+@pytest.mark.parametrize("source", ["cuda/codec.cu", "cuda/frames.cu"])
 def test_the_cuda_kernels_compile_for_a_t4(tmp_path, source):
-    """sm_80's warp reductions have a shuffle fallback (compress/cuda_launch.h, warp_sum and warp_max): the
+    """sm_80's warp reductions have a shuffle fallback (compress/cuda/launch.h, warp_sum and warp_max): the
     kernels compile for compute capability 7.5 (a T4), the oldest nvcc 13 builds for. PTX only, to be quick."""
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     r = subprocess.run([nvcc, "-ptx", "-arch=compute_75", "-std=c++17", f"-I{REPO}", "--expt-relaxed-constexpr",

@@ -1,4 +1,4 @@
-// Stochastic rounding (compress/stochastic.h, cpu_stochastic.cpp): Philox4x32-10 against the known
+// Stochastic rounding (compress/stochastic.h, cpu/stochastic.cpp): Philox4x32-10 against the known
 // answers published with Random123, and the rounding against an oracle written here from torch's
 // own 16-bit types: the two wire values around t (c10::Half / c10::BFloat16 neighbours), the
 // upper one chosen when u < (t - lower) / (upper - lower), u = (random >> 8) * 2^-24.

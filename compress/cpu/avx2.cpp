@@ -1,7 +1,7 @@
-// AVX2 + F16C kernels. This file alone is compiled with -mavx2 -mf16c; cpu_dispatch.cpp calls
+// AVX2 + F16C kernels. This file alone is compiled with -mavx2 -mf16c; cpu/dispatch.cpp calls
 // it only after checking the processor. Loads and stores are unaligned, tails go to the scalar
 // conversions, so any pointer and length is accepted.
-#include "compress/cpu_kernels.h"
+#include "compress/cpu/kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -314,9 +314,9 @@ float amax_f32(const float* src, size_t n) {
   return amax_of_bits(bits);
 }
 
-// to_fp8 (cpu_frames.cpp) on 8 lanes: the normal and subnormal roundings both computed, then chosen.
+// to_fp8 (cpu/frames.cpp) on 8 lanes: the normal and subnormal roundings both computed, then chosen.
 // e2m1 (mantissa 1 bit, bias 1) is the same kind of format: its codes_in_range() of a magnitude are
-// e2m1_code's (cpu_mx.cpp), ties to the even code included.
+// e2m1_code's (cpu/mx.cpp), ties to the even code included.
 //
 // The choice takes no compare: below the smallest normal (code 2^m) the subnormal rounding's code is
 // at most 2^m and at least the normal rounding's (which is below 2^m, or negative below the binade
@@ -404,7 +404,7 @@ void cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w) {
   for (; i < n; ++i) dst[i] = to_fp8(src[i] * scale, w);
 }
 
-// fp8_values (cpu_frames.cpp) of 16 codes, exactly, through F16C: e5m2 is fp16's upper byte, and
+// fp8_values (cpu/frames.cpp) of 16 codes, exactly, through F16C: e5m2 is fp16's upper byte, and
 // e4m3's magnitude shifted under fp16's exponent is its value times 2^-8 (e4m3's smallest normal 2^-6
 // lands on fp16's 2^-14, so its subnormals land on fp16's); the product by 2^8 is exact. NaN codes
 // become fp16's quiet NaN first, which widens to the table's NaN (0x7FC00000, signed). F16C reads
@@ -462,7 +462,7 @@ void restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w)
   for (; i < n; ++i) dst[i] = values[src[i]] * scale;
 }
 
-// --- MX blocks (codec.h, "MX blocks"): the scalar block kernels of cpu_mx.cpp on 8 lanes, four
+// --- MX blocks (codec.h, "MX blocks"): the scalar block kernels of cpu/mx.cpp on 8 lanes, four
 // vectors a block.
 
 inline int popcount_lanes(__m256i mask) { return __builtin_popcount(_mm256_movemask_ps(_mm256_castsi256_ps(mask))); }
@@ -622,7 +622,7 @@ void mx_encode_f32(const float* src, size_t count, float scale, const MxBlockFor
   }
 }
 
-// The scale 2^X of a code as 8 lanes: 0xFF is NaN, 0 the subnormal 2^-127 (scale_of in cpu_mx.cpp).
+// The scale 2^X of a code as 8 lanes: 0xFF is NaN, 0 the subnormal 2^-127 (scale_of in cpu/mx.cpp).
 inline __m256 scale_lanes(uint8_t code) {
   if (code == 0xFF) return _mm256_set1_ps(__builtin_nanf(""));
   return _mm256_set1_ps(code ? __builtin_bit_cast(float, uint32_t(code) << 23) : 0x1p-127f);
@@ -638,7 +638,7 @@ inline void put(float* out, __m256 v, __m256 post) {
 }
 
 // The 32 values of a block (its scale code and elements), element times scale rounded as
-// decode_block's (cpu_mx.cpp), into v[0..4).
+// decode_block's (cpu/mx.cpp), into v[0..4).
 class MxBlockValues {
  public:
   explicit MxBlockValues(Wire wire)
@@ -718,7 +718,7 @@ void mx_sum(const uint8_t* const* scales, const uint8_t* const* elements, size_t
   }
 }
 
-// The frames' owner sum (scaled_sum in cpu_frames.cpp) with every rank's values widened, scaled and
+// The frames' owner sum (scaled_sum in cpu/frames.cpp) with every rank's values widened, scaled and
 // added in registers, 16 elements a step.
 void scaled_sum_f32(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire w) {
   if (k == 0) return;
@@ -758,7 +758,7 @@ void scaled_sum_f32(const void* const* in, const float* scales, size_t k, float*
   scalar_kernels().scaled_sum_f32(rest.data(), scales, k, dst + i, n - i, w);
 }
 
-// --- NVFP4 blocks (codec.h, "NVFP4 blocks"): the scalar block kernels of cpu_nvfp4.cpp on 8 lanes, two
+// --- NVFP4 blocks (codec.h, "NVFP4 blocks"): the scalar block kernels of cpu/nvfp4.cpp on 8 lanes, two
 // vectors a block.
 
 // Eight blocks' scale codes and reciprocals fl(fl(1 / P) / S) at once, from their amaxes' bits (lanes):
@@ -938,7 +938,7 @@ void nv_encode_f32(const float* src, size_t count, float scale, float part, floa
                                  elements + b * kBlockBytes, census, dither, first + b * kNvBlock);
 }
 
-// The 16 values of a block under the scale fl(P * S) (decode_block in cpu_nvfp4.cpp), into v[0..2); `e4m3`
+// The 16 values of a block under the scale fl(P * S) (decode_block in cpu/nvfp4.cpp), into v[0..2); `e4m3`
 // the scale codes' values (fp8_values).
 inline void nv_block_values(uint8_t code, const uint8_t* elements, float part, const float* e4m3, __m256 magnitudes,
                             __m256* v) {

@@ -2,7 +2,7 @@
 // of the vector kernels. Conversions follow IEEE round-to-nearest-even exactly.
 #include <cstring>
 
-#include "compress/cpu_kernels.h"
+#include "compress/cpu/kernels.h"
 
 namespace cnccl::compress::detail {
 

@@ -1,4 +1,4 @@
-// The NVFP4 block kernels (compress/cpu_nvfp4.cpp, and their vector forms in cpu_avx2.cpp) against the
+// The NVFP4 block kernels (compress/cpu/nvfp4.cpp, and their vector forms in cpu/avx2.cpp) against the
 // scalar kernels, which define the encoding (tests/python/test_nvfp4.py holds those to torchao): every part
 // scale, scale code and element byte, every census count and sample, and every decoded, summed and
 // restored value's bits are the same on each CPU path (any NaN for a NaN), for random values over 40

@@ -1,4 +1,4 @@
-// Internal: one table of CPU kernels per instruction-set level, chosen by cpu_dispatch.cpp.
+// Internal: one table of CPU kernels per instruction-set level, chosen by cpu/dispatch.cpp.
 #pragma once
 
 #include <cstring>
@@ -34,13 +34,13 @@ struct CpuKernels {
   void (*cast_add_f32)(const float*, const uint16_t*, uint16_t*, size_t, float, Wire, Census*);
   void (*sum)(const uint16_t* const*, size_t, uint16_t*, size_t, Wire);
   void (*sum_f32)(const uint16_t* const*, size_t, float*, size_t, Wire);
-  // Power-of-two frames (cpu_frames.cpp).
+  // Power-of-two frames (cpu/frames.cpp).
   float (*amax_f32)(const float*, size_t);
   void (*cast8_f32)(const float*, uint8_t*, size_t, float, Wire);
   void (*restore8_f32)(const uint8_t*, float*, size_t, float, Wire);
   // The owner's sum of k ranks' frames of a 16- or 8-bit wire (codec.h, scaled_sum).
   void (*scaled_sum_f32)(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire);
-  // MX blocks (cpu_mx.cpp): `blocks` whole blocks of 32 values src[i] * scale, their scale codes to
+  // MX blocks (cpu/mx.cpp): `blocks` whole blocks of 32 values src[i] * scale, their scale codes to
   // scales[0..blocks) and their elements to `elements` (32 bytes a block, 16 for e2m1); what the
   // values met is counted into the census, if any (samples are taken by the caller).
   void (*mx_encode_f32)(const float* src, size_t blocks, float scale, const MxBlockFormat& f, MxScale rule,
@@ -52,7 +52,7 @@ struct CpuKernels {
   // scales and elements at scales[r] and elements[r] (laid out as above).
   void (*mx_sum)(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t blocks, Wire wire,
                  float* out);
-  // NVFP4 blocks (cpu_nvfp4.cpp): `blocks` whole blocks of 16 values src[i] * scale under the part scale
+  // NVFP4 blocks (cpu/nvfp4.cpp): `blocks` whole blocks of 16 values src[i] * scale under the part scale
   // `part` (`inverse` = fl(1 / part)), their scale codes to scales[0..blocks) and their elements to
   // `elements` (8 bytes a block); what the values met is counted into the census, if any. With a dither the
   // elements are rounded stochastically, src[i] taking the random bits of index first + i.
@@ -69,7 +69,7 @@ struct CpuKernels {
 };
 
 // The integer constants of the vector kernels' round-to-nearest-even to an 8-bit format (Fp8Lanes in
-// cpu_avx2.cpp, Fp8Lanes16 in cpu_avx512.cpp): e4m3, e5m2, or e2m1 for kMxfp4 (mantissa 1 bit, bias 1).
+// cpu/avx2.cpp, Fp8Lanes16 in cpu/avx512.cpp): e4m3, e5m2, or e2m1 for kMxfp4 (mantissa 1 bit, bias 1).
 struct Fp8Rounding {
   explicit Fp8Rounding(Wire w)
       : Fp8Rounding(w == Wire::kE4m3 ? 3 : w == Wire::kE5m2 ? 2 : 1, w == Wire::kE4m3 ? 7 : w == Wire::kE5m2 ? 15 : 1,
@@ -91,7 +91,7 @@ struct Fp8Rounding {
   int top;               // the code of an overflow
 };
 
-// The kernels in use (cpu_dispatch.cpp, set_cpu_path).
+// The kernels in use (cpu/dispatch.cpp, set_cpu_path).
 const CpuKernels& active_kernels();
 
 const CpuKernels& scalar_kernels();
@@ -116,19 +116,19 @@ uint16_t f32_to_bf16(float f);
 float fp16_to_f32(uint16_t h);
 float bf16_to_f32(uint16_t h);
 
-// The scalar frame kernels (cpu_frames.cpp), also the vector kernels' tails.
+// The scalar frame kernels (cpu/frames.cpp), also the vector kernels' tails.
 float scalar_amax_f32(const float* src, size_t n);
 void scalar_cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w);
 void scalar_restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w);
 void scalar_scaled_sum_f32(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire w);
-// The scalar MX block kernels (cpu_mx.cpp), also the definition the vector ones are tested against.
+// The scalar MX block kernels (cpu/mx.cpp), also the definition the vector ones are tested against.
 void scalar_mx_encode_f32(const float* src, size_t blocks, float scale, const MxBlockFormat& f, MxScale rule,
                           uint8_t* scales, uint8_t* elements, Census* census);
 void scalar_mx_decode(const uint8_t* scales, const uint8_t* elements, size_t blocks, Wire wire, float* out,
                       MxDecodeOp op, float post);
 void scalar_mx_sum(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t blocks, Wire wire,
                    float* out);
-// The scalar NVFP4 block kernels (cpu_nvfp4.cpp), the definition the vector ones are tested against.
+// The scalar NVFP4 block kernels (cpu/nvfp4.cpp), the definition the vector ones are tested against.
 void scalar_nv_encode_f32(const float* src, size_t blocks, float scale, float part, float inverse, uint8_t* scales,
                           uint8_t* elements, Census* census, const Dither* dither, uint64_t first);
 void scalar_nv_decode(const uint8_t* scales, const uint8_t* elements, size_t blocks, float part, float* out,

@@ -1,9 +1,9 @@
 // AVX-512 (F, BW, VL) kernels for the 8-bit wires' casts, where 16 lanes and mask registers halve the
 // AVX2 kernels' operations an element (docs/benchmarks.md, "Every wire's kernels"). Every other entry
 // of the table is the AVX2 + F16C kernel: those are bound by memory, not by their instructions. This
-// file alone is compiled with -mavx512f -mavx512bw -mavx512vl; cpu_dispatch.cpp calls it only after
+// file alone is compiled with -mavx512f -mavx512bw -mavx512vl; cpu/dispatch.cpp calls it only after
 // checking the processor. Tails go to the AVX2 kernels, so any pointer and length is accepted.
-#include "compress/cpu_kernels.h"
+#include "compress/cpu/kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -13,7 +13,7 @@
 namespace cnccl::compress::detail {
 namespace {
 
-// Fp8Lanes (cpu_avx2.cpp) on 16 lanes, the same operations and the same choice between the normal and
+// Fp8Lanes (cpu/avx2.cpp) on 16 lanes, the same operations and the same choice between the normal and
 // subnormal roundings; the sign is merged with one ternary-logic operation and e5m2's NaN with a mask.
 class Fp8Lanes16 {
  public:
@@ -76,7 +76,7 @@ inline __m512i bytes_of(const __m512i* c) {
   return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), b);
 }
 
-// The input prefetched as the AVX2 kernels' (cpu_avx2.cpp, kPrefetchBytes).
+// The input prefetched as the AVX2 kernels' (cpu/avx2.cpp, kPrefetchBytes).
 constexpr size_t kPrefetchBytes = 2048;
 
 void cast8_f32(const float* src, uint8_t* dst, size_t n, float scale, Wire w) {
@@ -119,7 +119,7 @@ inline __m512i lane_maxima(__m512i* m) {
 }
 
 // One block's 32 values (v[0..2), scaled) times inverse = 2^-X as its elements at `out`: 32 bytes, 16
-// for e2m1 (element 2j in byte j's low nibble). As encode_elements in cpu_avx2.cpp: where
+// for e2m1 (element 2j in byte j's low nibble). As encode_elements in cpu/avx2.cpp: where
 // kCountSaturated, the values past the largest magnitude are counted and clamped.
 template <bool kE2m1, bool kCountSaturated>
 inline void encode_elements(const __m512* v, __m512 inverse, const Fp8Lanes16& fp8, __m512 largest,
@@ -151,7 +151,7 @@ inline void encode_elements(const __m512* v, __m512 inverse, const Fp8Lanes16& f
   }
 }
 
-// Whole blocks, sixteen at a time (mx_encode_blocks in cpu_avx2.cpp, eight there): their maxima and
+// Whole blocks, sixteen at a time (mx_encode_blocks in cpu/avx2.cpp, eight there): their maxima and
 // scales as the lanes of one vector, then each block's elements; the rest go to the AVX2 kernel.
 template <bool kE2m1, bool kFloor>
 size_t mx_encode_blocks(const float* src, size_t count, float scale, const MxBlockFormat& f, uint8_t* scales,
@@ -226,7 +226,7 @@ void mx_encode_f32(const float* src, size_t count, float scale, const MxBlockFor
 }
 
 
-// Fp8Widen (cpu_avx2.cpp) on 32 codes: the same fp16 forms, widened 16 at a time. vcvtph2ps reads fp16
+// Fp8Widen (cpu/avx2.cpp) on 32 codes: the same fp16 forms, widened 16 at a time. vcvtph2ps reads fp16
 // subnormals whatever the thread's DAZ setting, as F16C's form does (tested on every path).
 class Fp8Widen32 {
  public:
@@ -252,7 +252,7 @@ class Fp8Widen32 {
   bool e4m3_;
 };
 
-// The 32 values of a block as MxBlockValues (cpu_avx2.cpp) forms them, in v[0..2): e2m1's 16 codes
+// The 32 values of a block as MxBlockValues (cpu/avx2.cpp) forms them, in v[0..2): e2m1's 16 codes
 // index kE2m1Values directly (sign included), where 8 lanes needed the sign apart.
 class MxBlockValues16 {
  public:
@@ -264,7 +264,7 @@ class MxBlockValues16 {
   size_t block_bytes() const { return e2m1_ ? kMxBlock / 2 : kMxBlock; }
 
   void operator()(uint8_t code, const uint8_t* elements, __m512* v) const {
-    // scale_of (cpu_mx.cpp): 0xFF is NaN, 0 the subnormal 2^-127.
+    // scale_of (cpu/mx.cpp): 0xFF is NaN, 0 the subnormal 2^-127.
     const __m512 s = code == 0xFF ? _mm512_set1_ps(__builtin_nanf(""))
                                   : _mm512_set1_ps(code ? __builtin_bit_cast(float, uint32_t(code) << 23) : 0x1p-127f);
     if (e2m1_) {
@@ -313,7 +313,7 @@ void mx_decode(const uint8_t* scales, const uint8_t* elements, size_t count, Wir
   }
 }
 
-// As mx_sum in cpu_avx2.cpp: every rank's block added in registers in rank order, the sum written once.
+// As mx_sum in cpu/avx2.cpp: every rank's block added in registers in rank order, the sum written once.
 void mx_sum(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t count, Wire wire,
             float* out) {
   if (k == 0) return;
@@ -331,7 +331,7 @@ void mx_sum(const uint8_t* const* scales, const uint8_t* const* elements, size_t
   }
 }
 
-// The frames' owner sum (scaled_sum in cpu_frames.cpp) as cpu_avx2.cpp's, 32 elements a step; the
+// The frames' owner sum (scaled_sum in cpu/frames.cpp) as cpu/avx2.cpp's, 32 elements a step; the
 // rest to the AVX2 kernel.
 void scaled_sum_f32(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire w) {
   if (k == 0) return;

@@ -1,4 +1,4 @@
-// CUDA kernels of power-of-two frames and MX blocks (cuda_codec.h, frame_*): the definitions of the
+// CUDA kernels of power-of-two frames and MX blocks (cuda/codec.h, frame_*): the definitions of the
 // CPU kernels (codec.h, backend/frames.h) on the device, with the scalar conversions shared through
 // formats.h. Products reach sums only through __fmul_rn and __fadd_rn, so that nvcc never contracts
 // them into an FMA the CPU does not do. An MX block is one warp, a lane an element; a frame's rows are
@@ -6,8 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "compress/cuda_codec.h"
-#include "compress/cuda_launch.h"
+#include "compress/cuda/codec.h"
+#include "compress/cuda/launch.h"
 #include "compress/formats.h"
 
 namespace cnccl::compress::cuda {
@@ -229,7 +229,7 @@ __device__ __forceinline__ float mx_value(const uint8_t* frame, size_t blocks, s
 }
 
 // Block b's lane: v is its value (0 past the block's m values). Writes the block's scale code and its
-// elements as the CPU's encode_block (cpu_mx.cpp) does. Every lane of the warp calls it.
+// elements as the CPU's encode_block (cpu/mx.cpp) does. Every lane of the warp calls it.
 __device__ __forceinline__ void mx_encode_lane(float v, unsigned lane, size_t m, size_t b, Wire w, MxScale rule,
                                                uint8_t* scales, uint8_t* elements, CastCounts* counts) {
   // The block's bytes are written below only after every lane read what it needed (sum-encode in place).
@@ -247,7 +247,7 @@ __device__ __forceinline__ void mx_encode_lane(float v, unsigned lane, size_t m,
     code = e2m1 ? uint8_t((signbit(q) ? 8 : 0) | fmt::e2m1_code(fminf(fabsf(q), largest)))
                 : fmt::fp8_code(fminf(fmaxf(q, -largest), largest), fmt::fp8_format(w));
   }
-  // What the block met (cpu_mx.cpp, encode_block): its values that are not finite, else those saturated.
+  // What the block met (cpu/mx.cpp, encode_block): its values that are not finite, else those saturated.
   const unsigned saturated_lanes = __ballot_sync(kFullWarp, !nonfinite && lane < m &&
                                                  fabsf(__fmul_rn(v, fmt::float_of(uint32_t(127 - x) << 23))) >
                                                      mx_largest(w));

@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "compress/cpu_kernels.h"
+#include "compress/cpu/kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

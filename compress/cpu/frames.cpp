@@ -1,11 +1,11 @@
 // The CPU kernels of power-of-two frames (codec.h): the 8-bit formats' conversions, amax, and the
-// owner's sum of decoded frames. The scalar ones; cpu_avx2.cpp has vector forms of amax and of the
+// owner's sum of decoded frames. The scalar ones; cpu/avx2.cpp has vector forms of amax and of the
 // fp32 -> 8-bit cast. The 16-bit casts and restores of frames are the codec's own.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "compress/cpu_kernels.h"
+#include "compress/cpu/kernels.h"
 #include "compress/formats.h"
 
 namespace cnccl::compress {

@@ -3,8 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "compress/cuda_codec.h"
-#include "compress/cuda_launch.h"
+#include "compress/cuda/codec.h"
+#include "compress/cuda/launch.h"
 
 namespace cnccl::compress::cuda {
 namespace {
@@ -86,7 +86,7 @@ __global__ void sum_wide(const uint16_t* rows, size_t k, size_t stride, Wide* ds
 }
 
 // Stochastic rounding may take a value past the largest to inf, or not: what counts is the result
-// (cpu_stochastic.cpp).
+// (cpu/stochastic.cpp).
 template <typename Wide>
 __global__ void cast_stochastic(const Wide* src, uint16_t* dst, size_t n, float scale, Wire w, Dither d,
                                 uint64_t first, CastCounts* counts, const float* scale_on_device) {

@@ -1,5 +1,5 @@
 // The CPU kernels of MX blocks (codec.h, mx_encode). Runs of whole blocks go to the dispatched block
-// kernels (the scalar ones here, which define the encoding; vector forms in cpu_avx2.cpp, tested bit
+// kernels (the scalar ones here, which define the encoding; vector forms in cpu/avx2.cpp, tested bit
 // for bit against them); a run's short or zero-padded last block, fp64 sources' scaling and the census's
 // samples are handled here, one block at a time.
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <optional>
 #include <vector>
 
-#include "compress/cpu_kernels.h"
+#include "compress/cpu/kernels.h"
 #include "compress/formats.h"
 #include "compress/stochastic.h"
 

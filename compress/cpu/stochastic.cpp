@@ -2,7 +2,7 @@
 // call is element `first + i` of the tensor for its random bits.
 #include <cmath>
 
-#include "compress/cpu_kernels.h"
+#include "compress/cpu/kernels.h"
 #include "compress/stochastic.h"
 
 namespace cnccl::compress {

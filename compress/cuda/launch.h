@@ -1,9 +1,9 @@
-// Internal to the CUDA kernels (cuda_codec.cu, cuda_frames.cu): how a launch is sized and checked.
+// Internal to the CUDA kernels (cuda/codec.cu, cuda/frames.cu): how a launch is sized and checked.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include "compress/cuda_codec.h"
+#include "compress/cuda/codec.h"
 #include "compress/formats.h"
 
 #include <stdexcept>
@@ -72,7 +72,7 @@ __device__ __forceinline__ void add_counts(CastCounts* counts, unsigned nonfinit
   if (saturated) atomicAdd(&counts->saturated, static_cast<unsigned long long>(saturated));
 }
 
-// What a round-to-nearest cast of v meets (compress/cpu_kernels.h, tally): not finite, or past `limit`.
+// What a round-to-nearest cast of v meets (compress/cpu/kernels.h, tally): not finite, or past `limit`.
 __device__ __forceinline__ void tally(float v, float limit, unsigned& nonfinite, unsigned& saturated) {
   const bool finite = formats::finite(v);
   nonfinite += !finite;

@@ -1,5 +1,5 @@
 // The CPU kernels of NVFP4 blocks (codec.h, nv_encode). Runs of whole blocks go to the dispatched block
-// kernels (the scalar ones here, which define the encoding; vector forms in cpu_avx2.cpp, tested bit for
+// kernels (the scalar ones here, which define the encoding; vector forms in cpu/avx2.cpp, tested bit for
 // bit against them); a run's short last block, fp64 sources' scaling and the census's samples are handled
 // here, one block at a time. The operations are torchao's nvfp4_quantize with a per-tensor scale, in its
 // order, each an fp32 operation rounded to nearest (built with -ffp-contract=off: a fused multiply-add
@@ -10,7 +10,7 @@
 #include <optional>
 #include <vector>
 
-#include "compress/cpu_kernels.h"
+#include "compress/cpu/kernels.h"
 #include "compress/formats.h"
 #include "compress/stochastic.h"
 

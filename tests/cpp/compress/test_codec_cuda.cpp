@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "compress/codec.h"
-#include "compress/cuda_codec.h"
+#include "compress/cuda/codec.h"
 #include "compress/stochastic.h"
 
 namespace cnccl::compress {

@@ -1,4 +1,4 @@
-// The MX block kernels (compress/cpu_mx.cpp, and their vector forms in cpu_avx2.cpp) against the scalar
+// The MX block kernels (compress/cpu/mx.cpp, and their vector forms in cpu/avx2.cpp) against the scalar
 // kernels, which define the encoding (tests/python/test_mx.py holds those to torchao): every scale and
 // element byte, every census count and sample, and every decoded, summed and restored value's bits are the
 // same on each CPU path (any NaN for a NaN), for random values over 40 decades, fp32 subnormals, blocks with an inf or a NaN,
