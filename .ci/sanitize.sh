@@ -27,6 +27,7 @@ TSAN_EXCLUDED="test_codec: single-threaded codec kernels
 test_stochastic: single-threaded codec kernels
 test_codec_frames: single-threaded codec kernels
 test_codec_mx: single-threaded codec kernels
+test_codec_nvfp4: single-threaded codec kernels
 test_frames: single-threaded frame kernels"
 
 run_config() {  # name sanitizers excluded
@@ -55,7 +56,11 @@ run_config() {  # name sanitizers excluded
   [[ $step != build ]] || return 0
   for t in "${targets[@]}"; do
     echo "=== $name: $t"
-    "$(find "$dir/tests/cpp" -name "$t" -type f -perm -u+x | head -1)" --gtest_brief=1 || return 1
+    # One binary of that name, or the folder also holds one built before a move: which would run is chance.
+    local found
+    found=$(find "$dir/tests/cpp" -name "$t" -type f -perm -u+x)
+    [[ $(wc -l <<<"$found") == 1 && -n $found ]] || { echo "expected one $t under $dir/tests/cpp, found: $found"; return 1; }
+    "$found" --gtest_brief=1 || return 1
   done
 }
 

@@ -778,8 +778,7 @@ inline NvScales nv_scales(__m256i amax, __m256 part, __m256 inverse, const Fp8La
   return {codes, _mm256_div_ps(inverse, scale)};
 }
 
-// Two blocks' 32 values, scaled (v[0..2) the first's, v[2..4) the second's), as their 16 element bytes at
-// `out` under their reciprocals r0 and r1; counts the values past 7 into `saturated` (lanes of -1 each).
+// The high halves of the 8 lanes' 32 x 32-bit products (AVX2 multiplies only the even lanes to 64 bits).
 inline __m256i mulhi_epu32(__m256i a, __m256i m) {
   const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(a, m), 32);
   const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
@@ -838,8 +837,9 @@ inline __m256 stochastic_e2m1(__m256 a, __m256i random) {
   return _mm256_mul_ps(_mm256_add_ps(m, up), spacing);
 }
 
-// Two blocks' elements (v[0..2) and v[2..4), their reciprocals r0 and r1) into 16 bytes at out; with
-// `random` (32 words, element order) rounded stochastically.
+// Two blocks' 32 values, scaled (v[0..2) the first's, v[2..4) the second's), as their 16 element bytes at
+// `out` under their reciprocals r0 and r1, rounded stochastically with `random` (32 words, element order)
+// where it is given; counts the values past 7 into `saturated` (lanes of -1 each).
 inline void nv_encode_pair(const __m256* v, __m256 r0, __m256 r1, const Fp8Lanes& e2m1, __m256i& saturated,
                            uint8_t* out, const uint32_t* random = nullptr) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
