@@ -24,6 +24,13 @@ MxBlockFormat mx_block_format(Wire wire);
 // What an MX decode does with each value v of its blocks: out = v, or out = v * post.
 enum class MxDecodeOp : uint8_t { kStore, kScale };
 
+// How a run of block values is rounded: stochastically with the bits of element `first + i`: element `first + i`'s (stochastic.h), or
+// without a dither to nearest even (cpu/mx.cpp, cpu/nvfp4.cpp).
+struct Rounding {
+  const Dither* dither = nullptr;
+  uint64_t first = 0;
+};
+
 // The casts count what they meet into a Census when given one (nullptr: they do not count).
 struct CpuKernels {
   void (*cast_f32)(const float*, uint16_t*, size_t, float, Wire, Census*);

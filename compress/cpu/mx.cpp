@@ -30,16 +30,11 @@ using detail::bits_of;
 using detail::float_of;
 using detail::MxBlockFormat;
 using detail::MxDecodeOp;
+using detail::Rounding;
 using formats::mx_blocks;
 using formats::mx_element_bytes;
 
 float scale_of(uint8_t code) { return formats::mx_scale_value(code); }
-
-// Stochastic rounding's bits for a run: element `first + i`'s (stochastic.h), or none: to nearest even.
-struct Rounding {
-  const Dither* dither = nullptr;
-  uint64_t first = 0;
-};
 
 // One block's m <= 32 values v, already scaled: its scale code, and its elements written at `out`
 // (for MXFP4, m / 2 bytes and a low nibble for an odd m). With a dither, element j takes the random

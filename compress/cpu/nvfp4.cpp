@@ -20,6 +20,7 @@ namespace {
 using detail::bits_of;
 using detail::float_of;
 using detail::MxDecodeOp;
+using detail::Rounding;
 
 constexpr formats::Fp8 kE4m3{3, 7, 0x7F};
 constexpr uint8_t kNanScale = 0x7F;  // e4m3's NaN: a block with a value that is not finite
@@ -35,12 +36,6 @@ size_t blocks_of(size_t n) { return (n + kNvBlock - 1) / kNvBlock; }
 size_t element_bytes(size_t n) { return (n + 1) / 2; }
 
 float scale_value(uint8_t code) { return formats::fp8_value(code, kE4m3); }
-
-// Stochastic rounding's bits for a run: element `first + i`'s (stochastic.h), or none: to nearest even.
-struct Rounding {
-  const Dither* dither = nullptr;
-  uint64_t first = 0;
-};
 
 // One block's m <= 16 values v, already scaled, under the part scale `part` (`inverse` = fl(1 / part)):
 // its scale code, and its elements at `out` (m / 2 bytes, and a low nibble for an odd m). With a

@@ -504,23 +504,32 @@ def fsdp2_trains_on_cnccl_and_its_reduce_scatter_ops_compress(ctx):
         same(out, expected(x, op_name, "fp16", ctx), f"FSDP-style reduce_scatter {op_name}")
 
 
+def refused_before_anything_is_queued(ctx, g, pattern, reduce_scatter=True):
+    """The group's CUDA fp32 allreduce (and reduce_scatter) raise a ValueError matching `pattern` and leave
+    the tensor as it was; its CPU tensors still sum. Returns the CUDA tensor and its value."""
+    x = ctx.data(N)
+    before = x.clone()
+    calls = [lambda: dist.all_reduce(x, group=g)]
+    if reduce_scatter:
+        calls.append(lambda: dist.reduce_scatter_tensor(torch.empty_like(x), x, group=g))
+    for call in calls:
+        with pytest.raises(ValueError, match=pattern):
+            call()
+    assert torch.equal(x, before)
+    y = torch.ones(1000)
+    dist.all_reduce(y, group=g)
+    assert torch.equal(y, torch.ones(1000))
+    return x, before
+
+
 @case
 def a_wire_per_level_is_refused_on_cuda_tensors_by_name(ctx):
     """NCCL decides how CUDA tensors' sums cross hosts: inter_host_wire cannot apply, and says so before
     anything is queued; the group's CPU tensors still sum (one host: with wire_dtype alone)."""
     g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
         wire_dtype="fp16", inter_host_wire="mxfp8", accumulate="fp32", min_bytes=0))
-    x = ctx.data(N)
-    before = x.clone()
-    for call in (lambda: dist.all_reduce(x, group=g),
-                 lambda: dist.reduce_scatter_tensor(torch.empty_like(x), x, group=g)):
-        with pytest.raises(ValueError, match=r"inter_host_wire=mxfp8 .* applies to CPU tensors' host path only: "
-                                             r"on CUDA tensors NCCL decides the topology"):
-            call()
-    assert torch.equal(x, before)
-    y = torch.ones(1000)
-    dist.all_reduce(y, group=g)
-    assert torch.equal(y, torch.ones(1000))
+    refused_before_anything_is_queued(ctx, g, r"inter_host_wire=mxfp8 .* applies to CPU tensors' host path only: "
+                                              r"on CUDA tensors NCCL decides the topology")
 
 
 @case
@@ -529,13 +538,7 @@ def nvfp4_is_refused_on_cuda_tensors_by_name(ctx):
     queued, and so do the frame kernels; a 16-bit CUDA tensor (which the wire never carries) and the
     group's CPU tensors still sum."""
     g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="nvfp4", accumulate="fp32", min_bytes=0))
-    x = ctx.data(N)
-    before = x.clone()
-    for call in (lambda: dist.all_reduce(x, group=g),
-                 lambda: dist.reduce_scatter_tensor(torch.empty_like(x), x, group=g)):
-        with pytest.raises(ValueError, match=r"wire_dtype=nvfp4 .* has CPU kernels only"):
-            call()
-    assert torch.equal(x, before)
+    x, before = refused_before_anything_is_queued(ctx, g, r"wire_dtype=nvfp4 .* has CPU kernels only")
     # A coalesced call whose first tensor the wire would not carry: refused before any is queued.
     half_first = [x.half(), x]
     with pytest.raises(ValueError, match=r"wire_dtype=nvfp4 .* has CPU kernels only"):
@@ -546,9 +549,6 @@ def nvfp4_is_refused_on_cuda_tensors_by_name(ctx):
     half = x.half()
     dist.all_reduce(half, group=g)
     assert torch.equal(half, x.half())
-    y = torch.ones(1000)
-    dist.all_reduce(y, group=g)
-    assert torch.equal(y, torch.ones(1000))
 
 
 @case
@@ -557,16 +557,7 @@ def mx_stochastic_rounding_is_refused_on_cuda_tensors_by_name(ctx):
     before anything is queued; its CPU tensors still sum."""
     g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="mxfp8", accumulate="fp32", rounding="sr",
                                                                  min_bytes=0))
-    x = ctx.data(N)
-    before = x.clone()
-    for call in (lambda: dist.all_reduce(x, group=g),
-                 lambda: dist.reduce_scatter_tensor(torch.empty_like(x), x, group=g)):
-        with pytest.raises(ValueError, match=r"rounding=sr .* on wire_dtype=mxfp8 has CPU kernels only"):
-            call()
-    assert torch.equal(x, before)
-    y = torch.ones(1000)
-    dist.all_reduce(y, group=g)
-    assert torch.equal(y, torch.ones(1000))
+    refused_before_anything_is_queued(ctx, g, r"rounding=sr .* on wire_dtype=mxfp8 has CPU kernels only")
 
 
 @case
@@ -574,14 +565,7 @@ def rotation_is_refused_on_cuda_tensors_by_name(ctx):
     """rotation=hadamard runs on the host path only: its group refuses CUDA tensors' fp32 reductions before
     anything is queued; its CPU tensors still sum."""
     g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="fp16", rotation="hadamard", min_bytes=0))
-    x = ctx.data(N)
-    before = x.clone()
-    with pytest.raises(ValueError, match=r"rotation=hadamard .* runs on the host path only"):
-        dist.all_reduce(x, group=g)
-    assert torch.equal(x, before)
-    y = torch.ones(1000)
-    dist.all_reduce(y, group=g)
-    assert torch.equal(y, torch.ones(1000))
+    refused_before_anything_is_queued(ctx, g, r"rotation=hadamard .* runs on the host path only", reduce_scatter=False)
 
 
 ENVS = {"default": {}, "blocking-wait": {"TORCH_NCCL_BLOCKING_WAIT": "1"}}
