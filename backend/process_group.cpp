@@ -161,7 +161,7 @@ c10d::Backend& ProcessGroupCNCCL::path_for(const std::vector<at::Tensor>& ts, co
   return ts.empty() ? *cpu_ : path_for(ts[0], op);
 }
 
-c10d::Backend& ProcessGroupCNCCL::reducing_path_for(const at::Tensor& t, const char* op) {
+void ProcessGroupCNCCL::refuse_unsupported_reduction(const at::Tensor& t, const char* op) const {
   // NCCL chooses its own rings and trees across hosts: there is no level of cnccl's to give a wire.
   TORCH_CHECK_VALUE(!(t.defined() && t.is_cuda() && config_.per_level()), "cnccl ", op, ": inter_host_wire=",
                     config_.wire_across_name(), " (CNCCL_INTER_HOST_WIRE / Options.inter_host_wire) differs from ",
@@ -180,15 +180,19 @@ c10d::Backend& ProcessGroupCNCCL::reducing_path_for(const at::Tensor& t, const c
                     "cnccl ", op, ": rounding=sr (CNCCL_ROUNDING / Options.rounding) on wire_dtype=", config_.wire_name(),
                     " has CPU kernels only, so far: CUDA tensors' reductions cannot use it. Use rounding=rne on CUDA ",
                     "tensors, or rounding=sr with a 16-bit wire_dtype");
+}
+
+c10d::Backend& ProcessGroupCNCCL::reducing_path_for(const at::Tensor& t, const char* op) {
+  refuse_unsupported_reduction(t, op);
   c10d::Backend& path = path_for(t, op);
   if (&path != cpu_.get()) agree_on_cuda_settings();
   return path;
 }
 
 c10d::Backend& ProcessGroupCNCCL::reducing_path_for(const std::vector<at::Tensor>& ts, const char* op) {
-  // Every tensor's refusals before any is forwarded: a coalesced call's path queues its first tensors'
-  // collectives before it reaches a later one.
-  for (size_t i = 1; i < ts.size(); ++i) reducing_path_for(ts[i], op);
+  // Every tensor's refusals before anything else: a coalesced call's path queues its first tensors'
+  // collectives before it reaches a later one, and choosing a path may open NCCL's group (startCoalescing).
+  for (const at::Tensor& t : ts) refuse_unsupported_reduction(t, op);
   return ts.empty() ? *cpu_ : reducing_path_for(ts[0], op);
 }
 

@@ -131,6 +131,8 @@ class ProcessGroupCNCCL : public c10d::Backend {
   // first the ranks' agreement on those settings, once (docs/design.md, "Agreement"). Never for a
   // send or receive, which torch's ProcessGroupNCCL serves between two ranks alone.
   c10d::Backend& reducing_path_for(const at::Tensor& t, const char* op);
+  // What reducing_path_for refuses of a tensor, naming the setting; touches no path.
+  void refuse_unsupported_reduction(const at::Tensor& t, const char* op) const;
   c10d::Backend& reducing_path_for(const std::vector<at::Tensor>& ts, const char* op);
   void agree_on_cuda_settings();
   // The composed path over NCCL (or gloo: cuda_engine), created on the first CUDA call; a build without
