@@ -96,8 +96,8 @@ void count_casts(const float* src, size_t n, float scale, Wire wire);
 void count_casts(const double* src, size_t n, float scale, Wire wire);
 
 // CPU implementations; the fastest one the processor supports is chosen at first use. kAvx512 is
-// kAvx2F16c with the 8-bit wires' kernels (frame casts and sums, MX encode, decode and sums) on 16 lanes
-// (AVX-512 F, BW, VL).
+// kAvx2F16c with the 8-bit wires' kernels (frame casts and sums; MX and NVFP4 encode, decode and sums) on
+// 16 lanes (AVX-512 F, BW, VL).
 enum class CpuPath : uint8_t { kScalar, kAvx2F16c, kAvx512 };
 inline constexpr CpuPath kCpuPaths[] = {CpuPath::kScalar, CpuPath::kAvx2F16c, CpuPath::kAvx512};
 

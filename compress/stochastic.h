@@ -137,7 +137,7 @@ void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire
          uint64_t first);
 // NVFP4 with stochastically rounded elements (cpu/nvfp4.cpp): as nv_encode() and nv_sum_encode() in
 // codec.h, each element rounded by stochastic_e2m1_value with the random bits of element `first + i`;
-// the block scales as before. The scalar kernel defines it; the AVX2 one gives its bits (cpu/avx2.cpp).
+// the block scales as before. The scalar kernel defines it; the AVX2 and AVX-512 ones give its bits.
 void nv_encode(const float* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
                uint64_t first);
 void nv_encode(const double* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
@@ -147,7 +147,7 @@ float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size
 // MX blocks with stochastically rounded elements (cpu/mx.cpp): as mx_encode() and mx_sum_encode() in
 // codec.h, each element's magnitude, saturated to L, rounded by stochastic_e2m1_value (MXFP4) or
 // stochastic_fp8_value (MXFP8) with the random bits of element `first + i`; the block scales as before.
-// The scalar kernels only.
+// The scalar kernels define it; the AVX2 and AVX-512 ones give its bits.
 void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst,
                const Dither& dither, uint64_t first);
 void mx_encode(const double* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst,

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 namespace cnccl::compress::detail {
@@ -462,6 +463,115 @@ void restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w)
   for (; i < n; ++i) dst[i] = values[src[i]] * scale;
 }
 
+// --- Stochastic rounding (stochastic.h) on 8 lanes.
+
+// The high halves of the 8 lanes' 32 x 32-bit products (AVX2 multiplies only the even lanes to 64 bits).
+inline __m256i mulhi_epu32(__m256i a, __m256i m) {
+  const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(a, m), 32);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
+  return _mm256_blend_epi32(even, odd, 0xAA);
+}
+
+// random_bits(dither, index + i) for i in [0, 128) (stochastic.h): Philox4x32-10 on 8 lanes, a block of four
+// words a lane, the blocks from index / 4 on (one more where index is not a multiple of 4). The round keys
+// are broadcast once, for every call.
+class RandomWords128 {
+ public:
+  explicit RandomWords128(const Dither& d)
+      : seq_(_mm256_set1_epi32(int32_t(d.seq))), rank_(_mm256_set1_epi32(int32_t(d.rank))),
+        phase_(_mm256_set1_epi32(int32_t(d.phase))) {
+    uint32_t k0 = uint32_t(d.seed), k1 = uint32_t(d.seed >> 32);
+    for (int round = 0; round < 10; ++round) {
+      k0_[round] = _mm256_set1_epi32(int32_t(k0));
+      k1_[round] = _mm256_set1_epi32(int32_t(k1));
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+  }
+
+  void operator()(uint64_t index, uint32_t* out) const {
+    alignas(32) uint32_t words[5 * 32];
+    const size_t skip = index & 3;
+    for (size_t g = 0; g * 32 < skip + 128; ++g) group((index >> 2) + 8 * g, skip ? words + g * 32 : out + g * 32);
+    if (skip) __builtin_memcpy(out, words + skip, 128 * sizeof(uint32_t));
+  }
+
+ private:
+  // The 32 words of the 8 blocks from block index `base` on, in order, to `to`.
+  void group(uint64_t base, uint32_t* to) const {
+    const __m256i flip = _mm256_set1_epi32(INT32_MIN), lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i low = _mm256_set1_epi32(int32_t(uint32_t(base)));
+    __m256i c0 = _mm256_add_epi32(low, lane);
+    // A lane whose block index passed a multiple of 2^32 carries into its high word: -1 where c0 < low.
+    const __m256i carry = _mm256_cmpgt_epi32(_mm256_xor_si256(low, flip), _mm256_xor_si256(c0, flip));
+    const __m256i high = _mm256_sub_epi32(_mm256_set1_epi32(int32_t(uint32_t(base >> 32))), carry);
+    __m256i c1 = seq_, c2 = rank_, c3 = _mm256_add_epi32(phase_, _mm256_slli_epi32(high, 1));
+    const __m256i m0 = _mm256_set1_epi32(int32_t(0xD2511F53u)), m1 = _mm256_set1_epi32(int32_t(0xCD9E8D57u));
+    #pragma GCC unroll 10
+    for (int round = 0; round < 10; ++round) {
+      const __m256i hi0 = mulhi_epu32(c0, m0), lo0 = _mm256_mullo_epi32(c0, m0);
+      const __m256i hi1 = mulhi_epu32(c2, m1), lo1 = _mm256_mullo_epi32(c2, m1);
+      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), k0_[round]);
+      c1 = lo1;
+      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), k1_[round]);
+      c3 = lo0;
+    }
+    // Lane l holds block l's four words as word k of c_k: transposed in registers into block order,
+    // blocks (0, 1), (2, 3), (4, 5), (6, 7) a vector.
+    const __m256i t0 = _mm256_unpacklo_epi32(c0, c1), t1 = _mm256_unpacklo_epi32(c2, c3);
+    const __m256i t2 = _mm256_unpackhi_epi32(c0, c1), t3 = _mm256_unpackhi_epi32(c2, c3);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t1), u1 = _mm256_unpackhi_epi64(t0, t1);
+    const __m256i u2 = _mm256_unpacklo_epi64(t2, t3), u3 = _mm256_unpackhi_epi64(t2, t3);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), _mm256_permute2x128_si256(u0, u1, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 8), _mm256_permute2x128_si256(u2, u3, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 16), _mm256_permute2x128_si256(u0, u1, 0x31));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 24), _mm256_permute2x128_si256(u2, u3, 0x31));
+  }
+
+  __m256i seq_, rank_, phase_;
+  __m256i k0_[10], k1_[10];
+};
+
+// stochastic_e2m1_value (stochastic.h) on 8 lanes: the same operations, each exact.
+inline __m256 stochastic_e2m1(__m256 a, __m256i random) {
+  const __m256 below2 = _mm256_cmp_ps(a, _mm256_set1_ps(2.0f), _CMP_LT_OQ);
+  const __m256 below4 = _mm256_cmp_ps(a, _mm256_set1_ps(4.0f), _CMP_LT_OQ);
+  const __m256 spacing = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_set1_ps(2.0f), _mm256_set1_ps(1.0f), below4),
+                                          _mm256_set1_ps(0.5f), below2);
+  const __m256 inverse = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(1.0f), below4),
+                                          _mm256_set1_ps(2.0f), below2);
+  const __m256 q = _mm256_mul_ps(a, inverse);
+  const __m256 m = _mm256_floor_ps(q);
+  const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(random, 8)), _mm256_set1_ps(0x1p-24f));
+  const __m256 up = _mm256_and_ps(_mm256_cmp_ps(u, _mm256_sub_ps(q, m), _CMP_LT_OQ), _mm256_set1_ps(1.0f));
+  return _mm256_mul_ps(_mm256_add_ps(m, up), spacing);
+}
+
+// stochastic_on_grid (stochastic.h) on 8 lanes for t >= 0 at most an 8-bit format's largest value: the
+// spacing's exponent from t's exponent bits (an fp32 subnormal's -127 is below any min_exponent, as frexp's
+// is), and the same exact operations.
+inline __m256 stochastic_on_grid(__m256 t, __m256i random, int min_exponent, int mantissa_bits) {
+  const __m256i e = _mm256_sub_epi32(
+      _mm256_max_epi32(_mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(t), 23), _mm256_set1_epi32(127)),
+                       _mm256_set1_epi32(min_exponent)),
+      _mm256_set1_epi32(mantissa_bits));
+  const __m256 down = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127), e), 23));
+  const __m256 up = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_set1_epi32(127), e), 23));
+  const __m256 q = _mm256_mul_ps(t, down);
+  const __m256 m = _mm256_floor_ps(q);
+  const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(random, 8)), _mm256_set1_ps(0x1p-24f));
+  const __m256 step = _mm256_and_ps(_mm256_cmp_ps(u, _mm256_sub_ps(q, m), _CMP_LT_OQ), _mm256_set1_ps(1.0f));
+  return _mm256_mul_ps(_mm256_add_ps(m, step), up);
+}
+
+// The grid an MX wire's elements round to stochastically (stochastic_fp8_value's for e4m3 and e5m2; e2m1 has
+// its own rule).
+struct Fp8Grid {
+  explicit Fp8Grid(Wire element) : min_exponent(element == Wire::kE4m3 ? -6 : -14),
+                                   mantissa_bits(element == Wire::kE4m3 ? 3 : 2) {}
+  int min_exponent, mantissa_bits;
+};
+
 // --- MX blocks (codec.h, "MX blocks"): the scalar block kernels of cpu/mx.cpp on 8 lanes, four
 // vectors a block.
 
@@ -476,10 +586,11 @@ inline __m256i bytes_of(const __m256i* c) {
 // One block's 32 values, scaled, as its elements at `out` (32 bytes, 16 for e2m1), `inverse` = 2^-X.
 // Counts the values that pass the largest magnitude into `saturated` (lanes of -1 per value) where
 // kCountSaturated: under RCEIL none does (X makes amax * 2^-X at most the largest), and the clamp is
-// then the identity too.
+// then the identity too. With `random` (32 words, element order) each magnitude is rounded
+// stochastically onto the element type's grid first (`grid` for e4m3 and e5m2), as encode_block's.
 template <bool kE2m1, bool kCountSaturated>
 inline void encode_elements(const __m256* v, __m256 inverse, const Fp8Lanes& fp8, __m256 largest, __m256i& saturated,
-                            uint8_t* out) {
+                            uint8_t* out, const uint32_t* random = nullptr, const Fp8Grid* grid = nullptr) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256i c[4];
   #pragma GCC unroll 4
@@ -491,10 +602,18 @@ inline void encode_elements(const __m256* v, __m256 inverse, const Fp8Lanes& fp8
       // The scalar kernel's clamp (std::clamp, or for e2m1 the magnitude's min): the same values.
       q = _mm256_min_ps(_mm256_max_ps(q, _mm256_xor_ps(largest, _mm256_set1_ps(-0.0f))), largest);
     }
+    const __m256i bits = random ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(random + 8 * k))
+                                : _mm256_setzero_si256();
     if constexpr (kE2m1) {
       const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(q), 31), 3);
-      c[k] = _mm256_or_si256(fp8.codes_in_range(_mm256_and_ps(q, magnitude)), sign);
+      __m256 a = _mm256_and_ps(q, magnitude);
+      if (random) a = stochastic_e2m1(a, bits);
+      c[k] = _mm256_or_si256(fp8.codes_in_range(a), sign);
     } else {
+      if (random) {
+        const __m256 a = stochastic_on_grid(_mm256_and_ps(q, magnitude), bits, grid->min_exponent, grid->mantissa_bits);
+        q = _mm256_or_ps(a, _mm256_andnot_ps(magnitude, q));  // q's sign, -0 included
+      }
       c[k] = fp8.codes_in_range(q);
     }
   }
@@ -521,12 +640,16 @@ inline __m256i lane_maxima(const __m256i* m) {
 }
 
 // Whole blocks, eight at a time: their maxima and scales as lanes of one vector (no block waits on a
-// scalar chain from its own amax), then each block's elements; the rest one at a time.
+// scalar chain from its own amax), then each block's elements; the rest one at a time, or with a dither
+// by the scalar kernel. Returns the blocks done here.
 template <bool kE2m1, bool kFloor>
-void mx_encode_blocks(const float* src, size_t count, float scale, const MxBlockFormat& f, uint8_t* scales,
-                      uint8_t* elements, Census* census) {
+size_t mx_encode_blocks(const float* src, size_t count, float scale, const MxBlockFormat& f, uint8_t* scales,
+                        uint8_t* elements, Census* census, const Dither* dither, uint64_t first) {
   constexpr size_t kBlockBytes = kE2m1 ? kMxBlock / 2 : kMxBlock;
   const Fp8Lanes fp8(f.element);
+  const Fp8Grid grid(f.element);
+  std::optional<RandomWords128> philox;
+  if (dither) philox.emplace(*dither);
   const __m256 s = _mm256_set1_ps(scale), largest = _mm256_set1_ps(f.max);
   const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF), finite_top = _mm256_set1_epi32(0x7F7FFFFF);
   __m256i saturated = _mm256_setzero_si256();
@@ -571,6 +694,11 @@ void mx_encode_blocks(const float* src, size_t count, float scale, const MxBlock
     const __m256i codes = _mm256_add_epi32(x, _mm256_set1_epi32(127));
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(codes), _mm256_extracti128_si256(codes, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(scales + b), _mm_packus_epi16(words, words));
+    alignas(32) uint32_t random[8 * kMxBlock];
+    if (philox) {
+      (*philox)(first + b * kMxBlock, random);
+      (*philox)(first + b * kMxBlock + 128, random + 128);
+    }
     for (int j = 0; j < 8; ++j) {
       load(b + j, v);  // again, from L1
       if (bad >> j & 1) {
@@ -578,10 +706,11 @@ void mx_encode_blocks(const float* src, size_t count, float scale, const MxBlock
         continue;
       }
       const __m256 lane = _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(inverse, _mm256_set1_epi32(j)));
-      encode_elements<kE2m1, kFloor>(v, lane, fp8, largest, saturated, elements + (b + j) * kBlockBytes);
+      encode_elements<kE2m1, kFloor>(v, lane, fp8, largest, saturated, elements + (b + j) * kBlockBytes,
+                                     philox ? random + j * kMxBlock : nullptr, &grid);
     }
   }
-  for (; b < count; ++b) {
+  for (; b < count && !dither; ++b) {
     __m256 v[4];
     __m256i m = load(b, v);
     m = _mm256_max_epu32(m, _mm256_permute2x128_si256(m, m, 1));
@@ -604,21 +733,29 @@ void mx_encode_blocks(const float* src, size_t count, float scale, const MxBlock
     census->nonfinite += nonfinite;
     census->saturated += total;
   }
+  return b;
 }
 
 void mx_encode_f32(const float* src, size_t count, float scale, const MxBlockFormat& f, MxScale rule, uint8_t* scales,
-                   uint8_t* elements, Census* census) {
+                   uint8_t* elements, Census* census, const Dither* dither, uint64_t first) {
   // The per-lane saturation counters hold 2^31 - 1 each: pieces of at most 2^26 blocks.
   constexpr size_t kPiece = size_t(1) << 26;
-  for (size_t first = 0; first < count; first += kPiece) {
-    const size_t blocks = std::min(kPiece, count - first);
-    const float* x = src + first * kMxBlock;
-    uint8_t* e = elements + first * (f.element == Wire::kMxfp4 ? kMxBlock / 2 : kMxBlock);
-    const bool e2m1 = f.element == Wire::kMxfp4, floor = rule == MxScale::kFloor;
-    if (e2m1 && floor) mx_encode_blocks<true, true>(x, blocks, scale, f, scales + first, e, census);
-    if (e2m1 && !floor) mx_encode_blocks<true, false>(x, blocks, scale, f, scales + first, e, census);
-    if (!e2m1 && floor) mx_encode_blocks<false, true>(x, blocks, scale, f, scales + first, e, census);
-    if (!e2m1 && !floor) mx_encode_blocks<false, false>(x, blocks, scale, f, scales + first, e, census);
+  const bool e2m1 = f.element == Wire::kMxfp4, floor = rule == MxScale::kFloor;
+  const size_t block_bytes = e2m1 ? kMxBlock / 2 : kMxBlock;
+  for (size_t piece = 0; piece < count; piece += kPiece) {
+    const size_t blocks = std::min(kPiece, count - piece);
+    const float* x = src + piece * kMxBlock;
+    uint8_t* e = elements + piece * block_bytes;
+    const uint64_t index = first + piece * kMxBlock;
+    size_t done = 0;
+    if (e2m1 && floor) done = mx_encode_blocks<true, true>(x, blocks, scale, f, scales + piece, e, census, dither, index);
+    if (e2m1 && !floor) done = mx_encode_blocks<true, false>(x, blocks, scale, f, scales + piece, e, census, dither, index);
+    if (!e2m1 && floor) done = mx_encode_blocks<false, true>(x, blocks, scale, f, scales + piece, e, census, dither, index);
+    if (!e2m1 && !floor) done = mx_encode_blocks<false, false>(x, blocks, scale, f, scales + piece, e, census, dither, index);
+    if (done < blocks) {
+      scalar_kernels().mx_encode_f32(x + done * kMxBlock, blocks - done, scale, f, rule, scales + piece + done,
+                                     e + done * block_bytes, census, dither, index + done * kMxBlock);
+    }
   }
 }
 
@@ -778,65 +915,6 @@ inline NvScales nv_scales(__m256i amax, __m256 part, __m256 inverse, const Fp8La
   return {codes, _mm256_div_ps(inverse, scale)};
 }
 
-// The high halves of the 8 lanes' 32 x 32-bit products (AVX2 multiplies only the even lanes to 64 bits).
-inline __m256i mulhi_epu32(__m256i a, __m256i m) {
-  const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(a, m), 32);
-  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
-  return _mm256_blend_epi32(even, odd, 0xAA);
-}
-
-// random_bits(dither, index + i) for i in [0, 128), into out (stochastic.h): Philox4x32-10 on 8 lanes, a
-// block of four words a lane, the blocks from index / 4 on (one more where index is not a multiple of 4).
-void random_words_128(const Dither& d, uint64_t index, uint32_t* out) {
-  alignas(32) uint32_t words[5 * 32];
-  alignas(32) uint32_t lanes[4][8];
-  const size_t skip = index & 3;
-  const __m256i flip = _mm256_set1_epi32(INT32_MIN), lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  for (size_t g = 0; g * 32 < skip + 128; ++g) {
-    const uint64_t base = (index >> 2) + 8 * g;
-    const __m256i low = _mm256_set1_epi32(int32_t(uint32_t(base)));
-    __m256i c0 = _mm256_add_epi32(low, lane);
-    // A lane whose block index passed a multiple of 2^32 carries into its high word: -1 where c0 < low.
-    const __m256i carry = _mm256_cmpgt_epi32(_mm256_xor_si256(low, flip), _mm256_xor_si256(c0, flip));
-    const __m256i high = _mm256_sub_epi32(_mm256_set1_epi32(int32_t(uint32_t(base >> 32))), carry);
-    __m256i c1 = _mm256_set1_epi32(int32_t(d.seq)), c2 = _mm256_set1_epi32(int32_t(d.rank));
-    __m256i c3 = _mm256_add_epi32(_mm256_set1_epi32(int32_t(d.phase)), _mm256_slli_epi32(high, 1));
-    uint32_t k0 = uint32_t(d.seed), k1 = uint32_t(d.seed >> 32);
-    const __m256i m0 = _mm256_set1_epi32(int32_t(0xD2511F53u)), m1 = _mm256_set1_epi32(int32_t(0xCD9E8D57u));
-    for (int round = 0; round < 10; ++round) {
-      const __m256i hi0 = mulhi_epu32(c0, m0), lo0 = _mm256_mullo_epi32(c0, m0);
-      const __m256i hi1 = mulhi_epu32(c2, m1), lo1 = _mm256_mullo_epi32(c2, m1);
-      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(int32_t(k0)));
-      c1 = lo1;
-      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(int32_t(k1)));
-      c3 = lo0;
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    const __m256i c[4] = {c0, c1, c2, c3};
-    for (int k = 0; k < 4; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[k]), c[k]);
-    for (int l = 0; l < 8; ++l) {
-      for (int k = 0; k < 4; ++k) words[g * 32 + size_t(l) * 4 + size_t(k)] = lanes[k][l];
-    }
-  }
-  __builtin_memcpy(out, words + skip, 128 * sizeof(uint32_t));
-}
-
-// stochastic_e2m1_value (stochastic.h) on 8 lanes: the same operations, each exact.
-inline __m256 stochastic_e2m1(__m256 a, __m256i random) {
-  const __m256 below2 = _mm256_cmp_ps(a, _mm256_set1_ps(2.0f), _CMP_LT_OQ);
-  const __m256 below4 = _mm256_cmp_ps(a, _mm256_set1_ps(4.0f), _CMP_LT_OQ);
-  const __m256 spacing = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_set1_ps(2.0f), _mm256_set1_ps(1.0f), below4),
-                                          _mm256_set1_ps(0.5f), below2);
-  const __m256 inverse = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(1.0f), below4),
-                                          _mm256_set1_ps(2.0f), below2);
-  const __m256 q = _mm256_mul_ps(a, inverse);
-  const __m256 m = _mm256_floor_ps(q);
-  const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(random, 8)), _mm256_set1_ps(0x1p-24f));
-  const __m256 up = _mm256_and_ps(_mm256_cmp_ps(u, _mm256_sub_ps(q, m), _CMP_LT_OQ), _mm256_set1_ps(1.0f));
-  return _mm256_mul_ps(_mm256_add_ps(m, up), spacing);
-}
-
 // Two blocks' 32 values, scaled (v[0..2) the first's, v[2..4) the second's), as their 16 element bytes at
 // `out` under their reciprocals r0 and r1, rounded stochastically with `random` (32 words, element order)
 // where it is given; counts the values past 7 into `saturated` (lanes of -1 each).
@@ -876,6 +954,8 @@ void nv_encode_f32(const float* src, size_t count, float scale, float part, floa
   __m256i saturated = _mm256_setzero_si256();
   uint64_t nonfinite = 0;
   size_t b = 0;
+  std::optional<RandomWords128> philox;
+  if (dither) philox.emplace(*dither);
   // The per-lane saturation counters hold 2^31 - 1 each: at most 2^26 blocks between their sums.
   auto drain = [&] {
     alignas(32) int32_t lanes[8];
@@ -902,7 +982,7 @@ void nv_encode_f32(const float* src, size_t count, float scale, float part, floa
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(lanes.codes), _mm256_extracti128_si256(lanes.codes, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(scales + b), _mm_packus_epi16(words, words));
     alignas(32) uint32_t random[8 * kNvBlock];
-    if (dither) random_words_128(*dither, first + b * kNvBlock, random);
+    if (philox) (*philox)(first + b * kNvBlock, random);
     #pragma GCC unroll 4
     for (int j = 0; j < 8; j += 2) {
       load(b + j, v);  // again, from L1

@@ -1,6 +1,7 @@
-// AVX-512 (F, BW, VL) kernels for the 8-bit wires' casts, where 16 lanes and mask registers halve the
-// AVX2 kernels' operations an element (docs/benchmarks.md, "Every wire's kernels"). Every other entry
-// of the table is the AVX2 + F16C kernel: those are bound by memory, not by their instructions. This
+// AVX-512 (F, BW, VL) kernels for the 8-bit wires' casts and the MX and NVFP4 blocks, where 16 lanes and
+// mask registers halve the AVX2 kernels' operations an element (docs/benchmarks.md, "Every wire's
+// kernels"). Every other entry of the table is the AVX2 + F16C kernel: those are bound by memory, not by
+// their instructions. This
 // file alone is compiled with -mavx512f -mavx512bw -mavx512vl; cpu/dispatch.cpp calls it only after
 // checking the processor. Tails go to the AVX2 kernels, so any pointer and length is accepted.
 #include "compress/cpu/kernels.h"
@@ -8,6 +9,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include <optional>
 #include <vector>
 
 namespace cnccl::compress::detail {
@@ -118,12 +120,115 @@ inline __m512i lane_maxima(__m512i* m) {
   return _mm512_max_epu32(lo, hi);
 }
 
+// --- Stochastic rounding (stochastic.h) on 16 lanes.
+
+// random_bits(dither, index + i) for i in [0, 256) (stochastic.h): RandomWords128 of cpu/avx2.cpp on 16
+// lanes, 16 blocks of four words a group.
+class RandomWords256 {
+ public:
+  explicit RandomWords256(const Dither& d)
+      : seq_(_mm512_set1_epi32(int32_t(d.seq))), rank_(_mm512_set1_epi32(int32_t(d.rank))),
+        phase_(_mm512_set1_epi32(int32_t(d.phase))) {
+    uint32_t k0 = uint32_t(d.seed), k1 = uint32_t(d.seed >> 32);
+    for (int round = 0; round < 10; ++round) {
+      k0_[round] = _mm512_set1_epi32(int32_t(k0));
+      k1_[round] = _mm512_set1_epi32(int32_t(k1));
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+  }
+
+  void operator()(uint64_t index, uint32_t* out) const {
+    alignas(64) uint32_t words[5 * 64];
+    const size_t skip = index & 3;
+    for (size_t g = 0; g * 64 < skip + 256; ++g) group((index >> 2) + 16 * g, skip ? words + g * 64 : out + g * 64);
+    if (skip) __builtin_memcpy(out, words + skip, 256 * sizeof(uint32_t));
+  }
+
+ private:
+  static __m512i mulhi_epu32(__m512i a, __m512i m) {
+    const __m512i even = _mm512_srli_epi64(_mm512_mul_epu32(a, m), 32);
+    const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
+    return _mm512_mask_blend_epi32(0xAAAA, even, odd);
+  }
+
+  // The 64 words of the 16 blocks from block index `base` on, in order, to `to`.
+  void group(uint64_t base, uint32_t* to) const {
+    const __m512i low = _mm512_set1_epi32(int32_t(uint32_t(base)));
+    __m512i c0 = _mm512_add_epi32(low, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    // A lane whose block index passed a multiple of 2^32 carries into its high word.
+    const __mmask16 carry = _mm512_cmplt_epu32_mask(c0, low);
+    const __m512i high = _mm512_set1_epi32(int32_t(uint32_t(base >> 32)));
+    const __m512i twice_high = _mm512_slli_epi32(_mm512_mask_add_epi32(high, carry, high, _mm512_set1_epi32(1)), 1);
+    __m512i c1 = seq_, c2 = rank_, c3 = _mm512_add_epi32(phase_, twice_high);
+    const __m512i m0 = _mm512_set1_epi32(int32_t(0xD2511F53u)), m1 = _mm512_set1_epi32(int32_t(0xCD9E8D57u));
+    #pragma GCC unroll 10
+    for (int round = 0; round < 10; ++round) {
+      const __m512i hi0 = mulhi_epu32(c0, m0), lo0 = _mm512_mullo_epi32(c0, m0);
+      const __m512i hi1 = mulhi_epu32(c2, m1), lo1 = _mm512_mullo_epi32(c2, m1);
+      c0 = _mm512_ternarylogic_epi32(hi1, c1, k0_[round], 0x96);  // a ^ b ^ c
+      c1 = lo1;
+      c2 = _mm512_ternarylogic_epi32(hi0, c3, k1_[round], 0x96);
+      c3 = lo0;
+    }
+    // Lane l holds block l's four words as word k of c_k: within each 128-bit lane into block order
+    // (128-bit lane l of u_t: block 4l + t), then the 128-bit lanes transposed.
+    const __m512i t0 = _mm512_unpacklo_epi32(c0, c1), t1 = _mm512_unpacklo_epi32(c2, c3);
+    const __m512i t2 = _mm512_unpackhi_epi32(c0, c1), t3 = _mm512_unpackhi_epi32(c2, c3);
+    const __m512i u0 = _mm512_unpacklo_epi64(t0, t1), u1 = _mm512_unpackhi_epi64(t0, t1);
+    const __m512i u2 = _mm512_unpacklo_epi64(t2, t3), u3 = _mm512_unpackhi_epi64(t2, t3);
+    const __m512i a = _mm512_shuffle_i32x4(u0, u1, 0x44), b = _mm512_shuffle_i32x4(u2, u3, 0x44);  // 0 4 1 5, 2 6 3 7
+    const __m512i c = _mm512_shuffle_i32x4(u0, u1, 0xEE), d = _mm512_shuffle_i32x4(u2, u3, 0xEE);  // 8 12 9 13, ...
+    _mm512_storeu_si512(to, _mm512_shuffle_i32x4(a, b, 0x88));
+    _mm512_storeu_si512(to + 16, _mm512_shuffle_i32x4(a, b, 0xDD));
+    _mm512_storeu_si512(to + 32, _mm512_shuffle_i32x4(c, d, 0x88));
+    _mm512_storeu_si512(to + 48, _mm512_shuffle_i32x4(c, d, 0xDD));
+  }
+
+  __m512i seq_, rank_, phase_;
+  __m512i k0_[10], k1_[10];
+};
+
+// stochastic_e2m1_value (stochastic.h) on 16 lanes: the same operations, each exact.
+inline __m512 stochastic_e2m1(__m512 a, __m512i random) {
+  const __mmask16 below2 = _mm512_cmp_ps_mask(a, _mm512_set1_ps(2.0f), _CMP_LT_OQ);
+  const __mmask16 below4 = _mm512_cmp_ps_mask(a, _mm512_set1_ps(4.0f), _CMP_LT_OQ);
+  const __m512 spacing = _mm512_mask_blend_ps(below2, _mm512_mask_blend_ps(below4, _mm512_set1_ps(2.0f), _mm512_set1_ps(1.0f)),
+                                              _mm512_set1_ps(0.5f));
+  const __m512 inverse = _mm512_mask_blend_ps(below2, _mm512_mask_blend_ps(below4, _mm512_set1_ps(0.5f), _mm512_set1_ps(1.0f)),
+                                              _mm512_set1_ps(2.0f));
+  const __m512 q = _mm512_mul_ps(a, inverse);
+  const __m512 m = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(random, 8)), _mm512_set1_ps(0x1p-24f));
+  const __mmask16 up = _mm512_cmp_ps_mask(u, _mm512_sub_ps(q, m), _CMP_LT_OQ);
+  return _mm512_mul_ps(_mm512_mask_add_ps(m, up, m, _mm512_set1_ps(1.0f)), spacing);
+}
+
+// stochastic_on_grid (stochastic.h) on 16 lanes, as cpu/avx2.cpp's.
+inline __m512 stochastic_on_grid(__m512 t, __m512i random, int min_exponent, int mantissa_bits) {
+  const __m512i e = _mm512_sub_epi32(
+      _mm512_max_epi32(_mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(t), 23), _mm512_set1_epi32(127)),
+                       _mm512_set1_epi32(min_exponent)),
+      _mm512_set1_epi32(mantissa_bits));
+  const __m512 down = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(127), e), 23));
+  const __m512 up = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_set1_epi32(127), e), 23));
+  const __m512 q = _mm512_mul_ps(t, down);
+  const __m512 m = _mm512_roundscale_ps(q, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(random, 8)), _mm512_set1_ps(0x1p-24f));
+  const __mmask16 step = _mm512_cmp_ps_mask(u, _mm512_sub_ps(q, m), _CMP_LT_OQ);
+  return _mm512_mul_ps(_mm512_mask_add_ps(m, step, m, _mm512_set1_ps(1.0f)), up);
+}
+
+// --- MX blocks.
+
 // One block's 32 values (v[0..2), scaled) times inverse = 2^-X as its elements at `out`: 32 bytes, 16
 // for e2m1 (element 2j in byte j's low nibble). As encode_elements in cpu/avx2.cpp: where
-// kCountSaturated, the values past the largest magnitude are counted and clamped.
+// kCountSaturated, the values past the largest magnitude are counted and clamped; with `random`, rounded
+// stochastically.
 template <bool kE2m1, bool kCountSaturated>
 inline void encode_elements(const __m512* v, __m512 inverse, const Fp8Lanes16& fp8, __m512 largest,
-                            uint64_t& saturated, uint8_t* out) {
+                            uint64_t& saturated, uint8_t* out, const uint32_t* random = nullptr,
+                            int min_exponent = 0, int mantissa_bits = 0) {
   __m512i c[2];
   #pragma GCC unroll 2
   for (int k = 0; k < 2; ++k) {
@@ -132,11 +237,19 @@ inline void encode_elements(const __m512* v, __m512 inverse, const Fp8Lanes16& f
       saturated += __builtin_popcount(_mm512_cmp_ps_mask(_mm512_abs_ps(q), largest, _CMP_GT_OQ));
       q = _mm512_min_ps(_mm512_max_ps(q, _mm512_sub_ps(_mm512_setzero_ps(), largest)), largest);
     }
+    const __m512i bits = random ? _mm512_loadu_si512(random + 16 * k) : _mm512_setzero_si512();
     if constexpr (kE2m1) {
       const __m512i x = _mm512_castps_si512(q);
-      const __m512i magnitude = fp8.codes_in_range(_mm512_abs_ps(q));
-      c[k] = Fp8Lanes16::with_bit(magnitude, x, 28, 0x8);
+      __m512 a = _mm512_abs_ps(q);
+      if (random) a = stochastic_e2m1(a, bits);
+      c[k] = Fp8Lanes16::with_bit(fp8.codes_in_range(a), x, 28, 0x8);
     } else {
+      if (random) {
+        const __m512 a = stochastic_on_grid(_mm512_abs_ps(q), bits, min_exponent, mantissa_bits);
+        // q's sign, -0 included: 0xF8 is a | (b & c) as ternary logic.
+        q = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(a), _mm512_castps_si512(q),
+                                                          _mm512_set1_epi32(INT32_MIN), 0xF8));
+      }
       c[k] = fp8.codes_in_range(q);
     }
   }
@@ -155,9 +268,13 @@ inline void encode_elements(const __m512* v, __m512 inverse, const Fp8Lanes16& f
 // scales as the lanes of one vector, then each block's elements; the rest go to the AVX2 kernel.
 template <bool kE2m1, bool kFloor>
 size_t mx_encode_blocks(const float* src, size_t count, float scale, const MxBlockFormat& f, uint8_t* scales,
-                        uint8_t* elements, Census* census) {
+                        uint8_t* elements, Census* census, const Dither* dither, uint64_t first) {
   constexpr size_t kBlockBytes = kE2m1 ? kMxBlock / 2 : kMxBlock;
   const Fp8Lanes16 fp8(f.element);
+  // stochastic_fp8_value's grids (stochastic.h).
+  const int min_exponent = f.element == Wire::kE4m3 ? -6 : -14, mantissa_bits = f.element == Wire::kE4m3 ? 3 : 2;
+  std::optional<RandomWords256> philox;
+  if (dither) philox.emplace(*dither);
   const __m512 s = _mm512_set1_ps(scale), largest = _mm512_set1_ps(f.max);
   const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), finite_top = _mm512_set1_epi32(0x7F7FFFFF);
   uint64_t saturated = 0, nonfinite = 0;
@@ -189,6 +306,11 @@ size_t mx_encode_blocks(const float* src, size_t count, float scale, const MxBlo
     _mm512_store_si512(inverse, _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(127), x), 23));
     const __mmask16 bad = _mm512_cmpgt_epu32_mask(amax, finite_top);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(scales + b), _mm512_cvtepi32_epi8(_mm512_add_epi32(x, _mm512_set1_epi32(127))));
+    alignas(64) uint32_t random[16 * kMxBlock];
+    if (philox) {
+      (*philox)(first + b * kMxBlock, random);
+      (*philox)(first + b * kMxBlock + 256, random + 256);
+    }
     for (int j = 0; j < 16; ++j) {
       load(b + j, v);  // again, from L1
       uint8_t* out = elements + (b + j) * kBlockBytes;
@@ -201,7 +323,8 @@ size_t mx_encode_blocks(const float* src, size_t count, float scale, const MxBlo
         scales[b + j] = 0xFF;
         continue;
       }
-      encode_elements<kE2m1, kFloor>(v, _mm512_set1_ps(inverse[j]), fp8, largest, saturated, out);
+      encode_elements<kE2m1, kFloor>(v, _mm512_set1_ps(inverse[j]), fp8, largest, saturated, out,
+                                     philox ? random + j * kMxBlock : nullptr, min_exponent, mantissa_bits);
     }
   }
   if (census) {
@@ -212,16 +335,17 @@ size_t mx_encode_blocks(const float* src, size_t count, float scale, const MxBlo
 }
 
 void mx_encode_f32(const float* src, size_t count, float scale, const MxBlockFormat& f, MxScale rule, uint8_t* scales,
-                   uint8_t* elements, Census* census) {
+                   uint8_t* elements, Census* census, const Dither* dither, uint64_t first) {
   const bool e2m1 = f.element == Wire::kMxfp4, floor = rule == MxScale::kFloor;
   size_t done = 0;
-  if (e2m1 && floor) done = mx_encode_blocks<true, true>(src, count, scale, f, scales, elements, census);
-  if (e2m1 && !floor) done = mx_encode_blocks<true, false>(src, count, scale, f, scales, elements, census);
-  if (!e2m1 && floor) done = mx_encode_blocks<false, true>(src, count, scale, f, scales, elements, census);
-  if (!e2m1 && !floor) done = mx_encode_blocks<false, false>(src, count, scale, f, scales, elements, census);
+  if (e2m1 && floor) done = mx_encode_blocks<true, true>(src, count, scale, f, scales, elements, census, dither, first);
+  if (e2m1 && !floor) done = mx_encode_blocks<true, false>(src, count, scale, f, scales, elements, census, dither, first);
+  if (!e2m1 && floor) done = mx_encode_blocks<false, true>(src, count, scale, f, scales, elements, census, dither, first);
+  if (!e2m1 && !floor) done = mx_encode_blocks<false, false>(src, count, scale, f, scales, elements, census, dither, first);
   if (done < count) {
     avx2_f16c_kernels()->mx_encode_f32(src + done * kMxBlock, count - done, scale, f, rule, scales + done,
-                                       elements + done * (e2m1 ? kMxBlock / 2 : kMxBlock), census);
+                                       elements + done * (e2m1 ? kMxBlock / 2 : kMxBlock), census, dither,
+                                       first + done * kMxBlock);
   }
 }
 
@@ -371,6 +495,114 @@ void scaled_sum_f32(const void* const* in, const float* scales, size_t k, float*
   avx2_f16c_kernels()->scaled_sum_f32(rest.data(), scales, k, dst + i, n - i, w);
 }
 
+// --- NVFP4 blocks (codec.h, "NVFP4 blocks"): the scalar block kernels of cpu/nvfp4.cpp with a block a vector.
+
+// Whole blocks, sixteen at a time: their maxima, scale codes and reciprocals fl(fl(1 / P) / S) as the lanes
+// of one vector (nv_scales in cpu/avx2.cpp), then each block's elements; a block that is not finite gets
+// e4m3's NaN and zero elements; the rest (fewer than sixteen) go to the AVX2 kernel.
+void nv_encode_f32(const float* src, size_t count, float scale, float part, float inverse, uint8_t* scales,
+                   uint8_t* elements, Census* census, const Dither* dither, uint64_t first) {
+  constexpr size_t kBlockBytes = kNvBlock / 2;
+  const Fp8Lanes16 e4m3(Wire::kE4m3), e2m1(Wire::kMxfp4);
+  const __m512 s = _mm512_set1_ps(scale);
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), finite_top = _mm512_set1_epi32(0x7F7FFFFF);
+  uint64_t saturated = 0, nonfinite = 0;
+  std::optional<RandomWords256> philox;
+  if (dither) philox.emplace(*dither);
+  auto load = [&](size_t b) { return _mm512_mul_ps(_mm512_loadu_ps(src + b * kNvBlock), s); };
+  size_t b = 0;
+  for (; b + 16 <= count; b += 16) {
+    __m512i m[16];
+    for (int line = 0; line < 16; ++line) {
+      _mm_prefetch(reinterpret_cast<const char*>(src + (b + line) * kNvBlock) + kPrefetchBytes, _MM_HINT_T0);
+    }
+    #pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) m[j] = _mm512_and_si512(_mm512_castps_si512(load(b + j)), magnitude);
+    const __m512i amax = lane_maxima(m);
+    const __m512 block_scale = _mm512_min_ps(
+        _mm512_max_ps(_mm512_div_ps(_mm512_div_ps(_mm512_castsi512_ps(amax), _mm512_set1_ps(6.0f)), _mm512_set1_ps(part)),
+                      _mm512_set1_ps(0x1p-6f)),
+        _mm512_set1_ps(448.0f));
+    const __m512i codes = e4m3.codes_in_range(block_scale);
+    // A normal e4m3 value's bits are its code's shifted into place, rebiased.
+    const __m512 decoded = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(codes, 20), _mm512_set1_epi32(120 << 23)));
+    alignas(64) float reciprocals[16];
+    _mm512_store_ps(reciprocals, _mm512_div_ps(_mm512_set1_ps(inverse), decoded));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(scales + b), _mm512_cvtepi32_epi8(codes));
+    const __mmask16 bad = _mm512_cmpgt_epu32_mask(amax, finite_top);
+    alignas(64) uint32_t random[16 * kNvBlock];
+    if (philox) (*philox)(first + b * kNvBlock, random);
+    for (int j = 0; j < 16; ++j) {
+      const __m512 v = load(b + j);  // again, from L1
+      uint8_t* out = elements + (b + j) * kBlockBytes;
+      if (bad >> j & 1) {
+        nonfinite += __builtin_popcount(_mm512_cmpgt_epu32_mask(_mm512_and_si512(_mm512_castps_si512(v), magnitude),
+                                                                finite_top));
+        __builtin_memset(out, 0, kBlockBytes);
+        scales[b + j] = 0x7F;
+        continue;
+      }
+      const __m512 q = _mm512_mul_ps(v, _mm512_set1_ps(reciprocals[j]));
+      const __m512 a = _mm512_abs_ps(q);
+      saturated += __builtin_popcount(_mm512_cmp_ps_mask(a, _mm512_set1_ps(7.0f), _CMP_GE_OQ));
+      __m512 clamped = _mm512_min_ps(a, _mm512_set1_ps(6.0f));
+      if (philox) clamped = stochastic_e2m1(clamped, _mm512_load_si512(random + j * kNvBlock));
+      const __m512i c = Fp8Lanes16::with_bit(e2m1.codes_in_range(clamped), _mm512_castps_si512(q), 28, 0x8);
+      // Odd elements' codes shifted beside the even ones' in each 64-bit lane, then one byte a lane.
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(_mm512_or_si512(c, _mm512_srli_epi64(c, 28))));
+    }
+  }
+  if (census) {
+    census->nonfinite += nonfinite;
+    census->saturated += saturated;
+  }
+  if (b < count) {
+    avx2_f16c_kernels()->nv_encode_f32(src + b * kNvBlock, count - b, scale, part, inverse, scales + b,
+                                       elements + b * kBlockBytes, census, dither, first + b * kNvBlock);
+  }
+}
+
+// The 16 values of a block under the scale fl(P * S) (decode_block in cpu/nvfp4.cpp): its codes index
+// kE2m1Values directly, sign included.
+inline __m512 nv_block_values(uint8_t code, const uint8_t* elements, float part, const float* e4m3, __m512 table) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(elements));
+  const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+  const __m512 value = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high)), table);
+  return _mm512_mul_ps(value, _mm512_set1_ps(part * e4m3[code]));
+}
+
+void nv_decode(const uint8_t* scales, const uint8_t* elements, size_t count, float part, float* out, MxDecodeOp op,
+               float post) {
+  const __m512 table = _mm512_loadu_ps(kE2m1Values), p = _mm512_set1_ps(post);
+  const float* e4m3 = fp8_values(Wire::kE4m3);
+  for (size_t b = 0; b < count; ++b) {
+    const __m512 v = nv_block_values(scales[b], elements + b * (kNvBlock / 2), part, e4m3, table);
+    _mm512_storeu_ps(out + b * kNvBlock, op == MxDecodeOp::kScale ? _mm512_mul_ps(v, p) : v);
+  }
+}
+
+// As nv_sum in cpu/avx2.cpp: every rank's block added in registers in rank order, the sum written once,
+// and the sums' largest finite magnitude kept as lanes of bits.
+float nv_sum(const uint8_t* const* scales, const uint8_t* const* elements, const float* parts, size_t k, size_t count,
+             float* out) {
+  if (k == 0) return 0.0f;
+  const __m512 table = _mm512_loadu_ps(kE2m1Values);
+  const float* e4m3 = fp8_values(Wire::kE4m3);
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), finite_top = _mm512_set1_epi32(0x7F7FFFFF);
+  __m512i amax = _mm512_setzero_si512();
+  for (size_t b = 0; b < count; ++b) {
+    __m512 sum = nv_block_values(scales[0][b], elements[0] + b * (kNvBlock / 2), parts[0], e4m3, table);
+    for (size_t r = 1; r < k; ++r) {
+      sum = _mm512_add_ps(sum, nv_block_values(scales[r][b], elements[r] + b * (kNvBlock / 2), parts[r], e4m3, table));
+    }
+    _mm512_storeu_ps(out + b * kNvBlock, sum);
+    const __m512i a = _mm512_and_si512(_mm512_castps_si512(sum), magnitude);
+    amax = _mm512_mask_max_epu32(amax, _mm512_cmple_epu32_mask(a, finite_top), amax, a);
+  }
+  return float_of(_mm512_reduce_max_epu32(amax));
+}
+
 }  // namespace
 
 const CpuKernels* avx512_kernels() {
@@ -381,6 +613,9 @@ const CpuKernels* avx512_kernels() {
     k.mx_decode = mx_decode;
     k.mx_sum = mx_sum;
     k.scaled_sum_f32 = scaled_sum_f32;
+    k.nv_encode_f32 = nv_encode_f32;
+    k.nv_decode = nv_decode;
+    k.nv_sum = nv_sum;
     return k;
   }();
   return &kernels;

@@ -49,9 +49,10 @@ struct CpuKernels {
   void (*scaled_sum_f32)(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire);
   // MX blocks (cpu/mx.cpp): `blocks` whole blocks of 32 values src[i] * scale, their scale codes to
   // scales[0..blocks) and their elements to `elements` (32 bytes a block, 16 for e2m1); what the
-  // values met is counted into the census, if any (samples are taken by the caller).
+  // values met is counted into the census, if any (samples are taken by the caller). With a dither the
+  // elements are rounded stochastically, src[i] taking the random bits of index first + i.
   void (*mx_encode_f32)(const float* src, size_t blocks, float scale, const MxBlockFormat& f, MxScale rule,
-                        uint8_t* scales, uint8_t* elements, Census* census);
+                        uint8_t* scales, uint8_t* elements, Census* census, const Dither* dither, uint64_t first);
   // The values of `blocks` whole blocks (scales, elements laid out as above) of `wire`, into out[0..32 * blocks).
   void (*mx_decode)(const uint8_t* scales, const uint8_t* elements, size_t blocks, Wire wire, float* out,
                     MxDecodeOp op, float post);
@@ -103,7 +104,7 @@ const CpuKernels& active_kernels();
 
 const CpuKernels& scalar_kernels();
 const CpuKernels* avx2_f16c_kernels();  // nullptr when not compiled for x86-64
-const CpuKernels* avx512_kernels();     // likewise; the AVX2 table with the 8-bit wires' kernels replaced
+const CpuKernels* avx512_kernels();     // likewise; the AVX2 table with the 8-bit and block wires' kernels replaced
 
 inline uint32_t bits_of(float f) {
   uint32_t u;
@@ -130,7 +131,7 @@ void scalar_restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, 
 void scalar_scaled_sum_f32(const void* const* in, const float* scales, size_t k, float* dst, size_t n, Wire w);
 // The scalar MX block kernels (cpu/mx.cpp), also the definition the vector ones are tested against.
 void scalar_mx_encode_f32(const float* src, size_t blocks, float scale, const MxBlockFormat& f, MxScale rule,
-                          uint8_t* scales, uint8_t* elements, Census* census);
+                          uint8_t* scales, uint8_t* elements, Census* census, const Dither* dither, uint64_t first);
 void scalar_mx_decode(const uint8_t* scales, const uint8_t* elements, size_t blocks, Wire wire, float* out,
                       MxDecodeOp op, float post);
 void scalar_mx_sum(const uint8_t* const* scales, const uint8_t* const* elements, size_t k, size_t blocks, Wire wire,

@@ -131,12 +131,9 @@ void encode(const T* src, size_t n, size_t count, float scale, Wire wire, MxScal
   const detail::CpuKernels& kernels = detail::active_kernels();
   size_t b = 0;
   if constexpr (std::is_same_v<T, float>) {
-    // The whole blocks of given values go to the block kernel at once (rounded to nearest: stochastic
-    // rounding has the scalar kernel only).
-    if (!rounding.dither) {
-      b = std::min(n, count) / kMxBlock;
-      kernels.mx_encode_f32(src, b, scale, f, rule, scales, elements, sink.census);
-    }
+    // The whole blocks of given values go to the block kernel at once.
+    b = std::min(n, count) / kMxBlock;
+    kernels.mx_encode_f32(src, b, scale, f, rule, scales, elements, sink.census, rounding.dither, rounding.first);
   }
   float v[kMxBlock];
   for (; b * kMxBlock < count; ++b) {
@@ -149,7 +146,7 @@ void encode(const T* src, size_t n, size_t count, float scale, Wire wire, MxScal
       scales[b] = encode_block(v, m, f, rule, block_elements(elements, b, wire), sink.census, rounding.dither,
                                rounding.first + first);
     } else if (m == kMxBlock) {
-      kernels.mx_encode_f32(v, 1, 1.0f, f, rule, scales + b, block_elements(elements, b, wire), sink.census);
+      kernels.mx_encode_f32(v, 1, 1.0f, f, rule, scales + b, block_elements(elements, b, wire), sink.census, nullptr, 0);
     } else {
       scales[b] = encode_block(v, m, f, rule, block_elements(elements, b, wire), sink.census);
     }
@@ -181,12 +178,12 @@ void decode(const uint8_t* in, size_t count, size_t n, Wire wire, float* out, Mx
 namespace detail {
 
 void scalar_mx_encode_f32(const float* src, size_t count, float scale, const MxBlockFormat& f, MxScale rule,
-                          uint8_t* scales, uint8_t* elements, Census* census) {
+                          uint8_t* scales, uint8_t* elements, Census* census, const Dither* dither, uint64_t first) {
   float v[kMxBlock];
   const size_t block_bytes = f.element == Wire::kMxfp4 ? kMxBlock / 2 : kMxBlock;
   for (size_t b = 0; b < count; ++b) {
     for (size_t j = 0; j < kMxBlock; ++j) v[j] = src[b * kMxBlock + j] * scale;
-    scales[b] = encode_block(v, kMxBlock, f, rule, elements + b * block_bytes, census);
+    scales[b] = encode_block(v, kMxBlock, f, rule, elements + b * block_bytes, census, dither, first + b * kMxBlock);
   }
 }
 

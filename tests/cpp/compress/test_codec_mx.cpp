@@ -1,5 +1,5 @@
-// The MX block kernels (compress/cpu/mx.cpp, and their vector forms in cpu/avx2.cpp) against the scalar
-// kernels, which define the encoding (tests/python/test_mx.py holds those to torchao): every scale and
+// The MX block kernels (compress/cpu/mx.cpp; their vector forms in cpu/avx2.cpp and cpu/avx512.cpp) against
+// the scalar kernels, which define the encoding (tests/python/test_mx.py holds those to torchao): every scale and
 // element byte, every census count and sample, and every decoded, summed and restored value's bits are the
 // same on each CPU path (any NaN for a NaN), for random values over 40 decades, fp32 subnormals, blocks with an inf or a NaN,
 // exact ties between element values, amaxes on both sides of each rule's saturation edge, zeros and -0,
@@ -270,6 +270,76 @@ TEST(CodecMx, StochasticRoundingSaturatesAndTakesEachIndexsWord) {
                                                                                                      : Wire::kE5m2);
       EXPECT_EQ(decoded[i], std::ldexp(std::copysign(magnitude, v[i]), x))
           << wire_name(w) << " element " << i << " (index 2^34 - 20 + " << i << ")";
+    }
+  }
+}
+
+// The vector kernels round stochastically as the scalar ones do, bit for bit (their Philox on 8 or 16 lanes
+// and each element type's rounding), for every kind of values, both rules, from indices that are and are
+// not a multiple of 4, and across the index 2^34, where a block counter's low word wraps and the phase
+// word changes within one vector of counters (8 or 16).
+TEST(CodecMx, StochasticEncodingIsTheScalarKernelsBitForBit) {
+  const PathGuard guard;
+  if (vector_paths().empty()) GTEST_SKIP() << "this processor has no vector path";
+  const Dither dither = contribution_dither(0xFEDCBA9876543210ull, 4, 2);
+  for (Wire w : kWires) {
+    for (MxScale rule : kRules) {
+      for (size_t n : {size_t(33), size_t(1000), size_t(4113)}) {
+        for (const auto& [kind, v] : kinds(w, n)) {
+          for (uint64_t first : {uint64_t(0), uint64_t(1), uint64_t(3), (uint64_t(1) << 34) - 77}) {
+            const std::string what = name(w, rule, kind, n) + " first=" + std::to_string(first);
+            auto encoded_on = [&](CpuPath path) {
+              set_cpu_path(path);
+              Encoded e;
+              e.bytes.assign(mx_bytes(n, w), 0xAB);
+              const CensusScope scope(&e.census, 7);
+              mx_encode(v.data(), n, n, 0.7f, w, rule, e.bytes.data(), dither, first);
+              return e;
+            };
+            const Encoded want = encoded_on(CpuPath::kScalar);
+            for (CpuPath path : vector_paths()) {
+              const Encoded got = encoded_on(path);
+              EXPECT_TRUE(same_bits(got.bytes, want.bytes)) << cpu_path_name(path) << " " << what;
+              expect_same_census(got.census, want.census, std::string(cpu_path_name(path)) + " " + what);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// An element whose fraction f above the grid equals its u exactly rounds down (up only when u < f), on
+// every path and wire: each element is u times the grid's step at the smallest values (e4m3 2^-9, e5m2
+// 2^-16, e2m1 0.5) for its own word's u, so that q / step = u, in blocks whose first value L gives X = 0,
+// from starts that are and are not a multiple of 4.
+TEST(CodecMx, AnElementAtItsThresholdRoundsDown) {
+  const PathGuard guard;
+  std::vector<CpuPath> paths = vector_paths();
+  paths.insert(paths.begin(), CpuPath::kScalar);
+  const Dither dither = contribution_dither(0xC0FFEE1234ull, 11, 1);
+  constexpr size_t kBlocks = 40;
+  for (Wire w : kWires) {
+    const int step = w == Wire::kMxfp8 ? -9 : w == Wire::kMxfp8E5m2 ? -16 : -1;
+    for (uint64_t first : {uint64_t(0), uint64_t(6)}) {
+      std::vector<float> v(kBlocks * kMxBlock);
+      size_t nonzero = 0;
+      for (size_t i = 0; i < v.size(); ++i) {
+        v[i] = i % kMxBlock == 0 ? mx_largest(w) : std::ldexp(float(random_bits(dither, first + i) >> 8), step - 24);
+        nonzero += i % kMxBlock && v[i] != 0.0f;
+      }
+      ASSERT_GT(nonzero, v.size() / 2) << "the words' u are not all 0";
+      for (CpuPath path : paths) {
+        set_cpu_path(path);
+        std::vector<uint8_t> bytes(mx_bytes(v.size(), w));
+        mx_encode(v.data(), v.size(), v.size(), 1.0f, w, MxScale::kRceil, bytes.data(), dither, first);
+        std::vector<float> decoded(v.size());
+        mx_restore(bytes.data(), v.size(), decoded.data(), v.size(), 1.0f, w);
+        size_t up = 0;
+        for (size_t i = 0; i < v.size(); ++i) up += i % kMxBlock && decoded[i] != 0.0f;
+        EXPECT_EQ(up, 0u) << wire_name(w) << " " << cpu_path_name(path) << " first=" << first
+                          << ": elements rounded up at u = f";
+      }
     }
   }
 }

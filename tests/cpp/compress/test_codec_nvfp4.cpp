@@ -1,5 +1,5 @@
-// The NVFP4 block kernels (compress/cpu/nvfp4.cpp, and their vector forms in cpu/avx2.cpp) against the
-// scalar kernels, which define the encoding (tests/python/test_nvfp4.py holds those to torchao): every part
+// The NVFP4 block kernels (compress/cpu/nvfp4.cpp; their vector forms in cpu/avx2.cpp and cpu/avx512.cpp)
+// against the scalar kernels, which define the encoding (tests/python/test_nvfp4.py holds those to torchao): every part
 // scale, scale code and element byte, every census count and sample, and every decoded, summed and
 // restored value's bits are the same on each CPU path (any NaN for a NaN), for random values over 40
 // decades and over 6, fp32 subnormals, blocks with an inf or a NaN, exact ties between e2m1 values, block
@@ -207,10 +207,10 @@ TEST(CodecNvfp4, StochasticRoundingIsUnbiased) {
   }
 }
 
-// The vector kernels round stochastically as the scalar one does, bit for bit (their Philox on 8 lanes and
-// the rounding's operations), for every kind of values, from indices that are and are not a multiple of 4,
-// and across the index 2^34, where a block counter's low word wraps and the phase word changes, within one
-// group of 8 blocks.
+// The vector kernels round stochastically as the scalar one does, bit for bit (their Philox on 8 or 16
+// lanes and the rounding's operations), for every kind of values, from indices that are and are not a
+// multiple of 4, and across the index 2^34, where a block counter's low word wraps and the phase word
+// changes, within one vector of counters (8 or 16).
 TEST(CodecNvfp4, StochasticEncodingIsTheScalarKernelsBitForBit) {
   const PathGuard guard;
   if (vector_paths().empty()) GTEST_SKIP() << "this processor has no vector path";
@@ -252,6 +252,69 @@ TEST(CodecNvfp4, StochasticRoundingTakesEachIndexsWord) {
     const float value = stochastic_e2m1_value(std::min(a, 6.0f), random_bits(dither, first + i));
     const uint8_t code = uint8_t((std::signbit(v[i]) ? 8 : 0) | formats::e2m1_code(value));
     EXPECT_EQ((elements[i / 2] >> (i % 2 * 4)) & 0xF, code) << "element " << i << " (index 2^34 - 20 + " << i << ")";
+  }
+}
+
+// Under a part scale smaller than the run's (P = 1 here, where the run's amax asks for 12), a block's S
+// clamps at 448 and its values from 7 S on saturate: the census counts q >= 7 (7 itself included) as the scalar
+// kernel does, on every path, over more blocks than one vector group of each path holds.
+TEST(CodecNvfp4, ValuesFromSevenOnAreCountedAsSaturated) {
+  const PathGuard guard;
+  // q = fl(v * fl(1 / 448)): 12, exactly 7 (3136 - 2^-12), 7.5, 6, 6.5 and below.
+  const float seven = std::nextafter(3136.0f, 0.0f);
+  ASSERT_EQ(seven * (1.0f / 448.0f), 7.0f);
+  const float block[kNvBlock] = {5376.0f, seven, -3360.0f, 2688.0f, 2912.0f, 1.0f, -2.0f, 3.0f,
+                                 100.0f, 200.0f, 300.0f, 400.0f, 500.0f, 600.0f, 700.0f, 800.0f};
+  constexpr size_t kBlocks = 40;
+  std::vector<float> v(kBlocks * kNvBlock);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = block[i % kNvBlock];
+  Census want_census;
+  std::vector<uint8_t> want(nv_bytes(v.size()));
+  set_cpu_path(CpuPath::kScalar);
+  {
+    const CensusScope scope(&want_census, 0);
+    nv_encode(v.data(), v.size(), v.size(), 1.0f, 1.0f, want.data());
+  }
+  EXPECT_EQ(want_census.saturated, 3 * kBlocks);
+  for (CpuPath path : vector_paths()) {
+    set_cpu_path(path);
+    Census census;
+    std::vector<uint8_t> got(want.size());
+    {
+      const CensusScope scope(&census, 0);
+      nv_encode(v.data(), v.size(), v.size(), 1.0f, 1.0f, got.data());
+    }
+    EXPECT_EQ(census.saturated, want_census.saturated) << cpu_path_name(path);
+    EXPECT_TRUE(same_bits(got, want)) << cpu_path_name(path);
+  }
+}
+
+// An element whose fraction f above the grid equals its u exactly rounds down (up only when u < f), on
+// every path: each element is u / 2 for its own word's u (spacing 0.5 below 2, so q = u and f = u), in
+// blocks with S = 1 under P = 1, from starts that are and are not a multiple of 4.
+TEST(CodecNvfp4, AnElementAtItsThresholdRoundsDown) {
+  const PathGuard guard;
+  std::vector<CpuPath> paths = vector_paths();
+  paths.insert(paths.begin(), CpuPath::kScalar);
+  const Dither dither = contribution_dither(0xC0FFEE1234ull, 11, 1);
+  constexpr size_t kBlocks = 40;
+  for (uint64_t first : {uint64_t(0), uint64_t(6)}) {
+    std::vector<float> v(kBlocks * kNvBlock);
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = i % kNvBlock == 0 ? 6.0f : float(random_bits(dither, first + i) >> 8) * 0x1p-25f;
+    }
+    size_t nonzero = 0;
+    for (size_t i = 0; i < v.size(); ++i) nonzero += i % kNvBlock && v[i] != 0.0f;
+    ASSERT_GT(nonzero, v.size() / 2) << "the words' u are not all 0";
+    for (CpuPath path : paths) {
+      set_cpu_path(path);
+      std::vector<uint8_t> bytes(nv_bytes(v.size()));
+      nv_encode(v.data(), v.size(), v.size(), 1.0f, 1.0f, bytes.data(), dither, first);
+      const uint8_t* elements = bytes.data() + kBlocks;
+      size_t up = 0;
+      for (size_t i = 0; i < v.size(); ++i) up += i % kNvBlock && (elements[i / 2] >> (i % 2 * 4) & 0xF) != 0;
+      EXPECT_EQ(up, 0u) << cpu_path_name(path) << " first=" << first << ": elements rounded up at u = f";
+    }
   }
 }
 
