@@ -28,6 +28,7 @@ test_stochastic: single-threaded codec kernels
 test_codec_frames: single-threaded codec kernels
 test_codec_mx: single-threaded codec kernels
 test_codec_nvfp4: single-threaded codec kernels
+test_rotation: single-threaded codec kernels
 test_frames: single-threaded frame kernels"
 
 run_config() {  # name sanitizers excluded

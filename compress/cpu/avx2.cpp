@@ -1079,13 +1079,43 @@ float nv_sum(const uint8_t* const* scales, const uint8_t* const* elements, const
   return float_of(uint32_t(_mm256_cvtsi256_si32(amax)));
 }
 
+// --- The block rotation (codec.h, rotate): cpu/rotation.cpp's butterflies on 8 lanes, a block two vectors.
+
+// One butterfly stage at a stride h < 8 inside a vector: p holds each lane's partner (lane j ^ h); the
+// lower lane of a pair gets v + p = a + b, the upper p - v = a - b, the adds of the scalar kernel.
+template <int kBlend>
+inline __m256 butterfly(__m256 v, __m256 p) {
+  return _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), kBlend);
+}
+
+void rotate_f32(const float* src, float* dst, size_t blocks, uint16_t signs, bool forward) {
+  alignas(32) uint32_t bits[kRotationBlock];
+  for (size_t j = 0; j < kRotationBlock; ++j) bits[j] = signs >> j & 1 ? 0x80000000u : 0u;
+  const __m256 d0 = _mm256_load_ps(reinterpret_cast<const float*>(bits));
+  const __m256 d1 = _mm256_load_ps(reinterpret_cast<const float*>(bits + 8));
+  const __m256 quarter = _mm256_set1_ps(0.25f);
+  for (size_t b = 0; b < blocks; ++b) {
+    __m256 x[2] = {_mm256_loadu_ps(src + b * kRotationBlock), _mm256_loadu_ps(src + b * kRotationBlock + 8)};
+    if (forward) x[0] = _mm256_xor_ps(x[0], d0), x[1] = _mm256_xor_ps(x[1], d1);
+    for (__m256& v : x) {
+      v = butterfly<0xAA>(v, _mm256_permute_ps(v, 0xB1));            // h = 1
+      v = butterfly<0xCC>(v, _mm256_permute_ps(v, 0x4E));            // h = 2
+      v = butterfly<0xF0>(v, _mm256_permute2f128_ps(v, v, 0x01));    // h = 4
+    }
+    const __m256 low = _mm256_mul_ps(_mm256_add_ps(x[0], x[1]), quarter);  // h = 8
+    const __m256 high = _mm256_mul_ps(_mm256_sub_ps(x[0], x[1]), quarter);
+    _mm256_storeu_ps(dst + b * kRotationBlock, forward ? low : _mm256_xor_ps(low, d0));
+    _mm256_storeu_ps(dst + b * kRotationBlock + 8, forward ? high : _mm256_xor_ps(high, d1));
+  }
+}
+
 }  // namespace
 
 const CpuKernels* avx2_f16c_kernels() {
   static const CpuKernels kernels{cast_f32, cast_f64, restore_f32, restore_f64, add,
                                   cast_add_f32, sum, sum_f32, amax_f32, cast8_f32, restore8_f32,
                                   scaled_sum_f32, mx_encode_f32, mx_decode, mx_sum, nv_encode_f32, nv_decode,
-                                  nv_sum};
+                                  nv_sum, rotate_f32};
   return &kernels;
 }
 

@@ -603,6 +603,29 @@ float nv_sum(const uint8_t* const* scales, const uint8_t* const* elements, const
   return float_of(_mm512_reduce_max_epu32(amax));
 }
 
+// --- The block rotation (codec.h, rotate): cpu/rotation.cpp's butterflies with a block a vector. Each stage's
+// p holds each lane's partner (lane j ^ h); the pair's lower lane gets v + p = a + b, its upper p - v = a - b.
+
+void rotate_f32(const float* src, float* dst, size_t blocks, uint16_t signs, bool forward) {
+  // D's signs as sign bits (an integer xor: a float one needs AVX-512 DQ).
+  const __m512i d = _mm512_maskz_mov_epi32(signs, _mm512_set1_epi32(INT32_MIN));
+  auto negate = [&](__m512 v) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), d)); };
+  const __m512 quarter = _mm512_set1_ps(0.25f);
+  auto butterfly = [](__m512 v, __m512 p, __mmask16 upper) {
+    return _mm512_mask_sub_ps(_mm512_add_ps(v, p), upper, p, v);
+  };
+  for (size_t b = 0; b < blocks; ++b) {
+    __m512 v = _mm512_loadu_ps(src + b * kRotationBlock);
+    if (forward) v = negate(v);
+    v = butterfly(v, _mm512_permute_ps(v, 0xB1), 0xAAAA);           // h = 1
+    v = butterfly(v, _mm512_permute_ps(v, 0x4E), 0xCCCC);           // h = 2
+    v = butterfly(v, _mm512_shuffle_f32x4(v, v, 0xB1), 0xF0F0);     // h = 4: 128-bit lanes swapped in pairs
+    v = butterfly(v, _mm512_shuffle_f32x4(v, v, 0x4E), 0xFF00);     // h = 8: the halves swapped
+    v = _mm512_mul_ps(v, quarter);
+    _mm512_storeu_ps(dst + b * kRotationBlock, forward ? v : negate(v));
+  }
+}
+
 }  // namespace
 
 const CpuKernels* avx512_kernels() {
@@ -616,6 +639,7 @@ const CpuKernels* avx512_kernels() {
     k.nv_encode_f32 = nv_encode_f32;
     k.nv_decode = nv_decode;
     k.nv_sum = nv_sum;
+    k.rotate_f32 = rotate_f32;
     return k;
   }();
   return &kernels;

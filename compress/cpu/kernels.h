@@ -74,6 +74,9 @@ struct CpuKernels {
   // |sum| (0 for none), found while the sums are in registers.
   float (*nv_sum)(const uint8_t* const* scales, const uint8_t* const* elements, const float* parts, size_t k,
                   size_t blocks, float* out);
+  // The block rotation (cpu/rotation.cpp) of `blocks` whole blocks of 16 values: dst = H · D · src / 4 where
+  // `forward`, else D · H · src / 4. src and dst may be the same buffer.
+  void (*rotate_f32)(const float* src, float* dst, size_t blocks, uint16_t signs, bool forward);
 };
 
 // The integer constants of the vector kernels' round-to-nearest-even to an 8-bit format (Fp8Lanes in
@@ -143,6 +146,8 @@ void scalar_nv_decode(const uint8_t* scales, const uint8_t* elements, size_t blo
                       MxDecodeOp op, float post);
 float scalar_nv_sum(const uint8_t* const* scales, const uint8_t* const* elements, const float* parts, size_t k,
                     size_t blocks, float* out);
+// The scalar block rotation (cpu/rotation.cpp), the definition the vector ones are tested against.
+void scalar_rotate_f32(const float* src, float* dst, size_t blocks, uint16_t signs, bool forward);
 // The values of e2m1's 16 codes (sign in bit 3).
 extern const float kE2m1Values[16];
 // The 256 values of an 8-bit format, exactly.

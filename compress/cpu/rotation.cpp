@@ -1,8 +1,11 @@
-// The block rotation on the CPU (codec.h, rotate): scalar, its butterflies in the order the definition
-// gives, which the compiler may vectorize across a block's lanes without reordering any add.
+// The block rotation on the CPU (codec.h, rotate): the scalar kernel, its butterflies in the order the
+// definition gives, which defines it; fp32's whole blocks go to the dispatched kernel (vector forms in
+// cpu/avx2.cpp and cpu/avx512.cpp, tested bit for bit against this one).
 #include <algorithm>
+#include <type_traits>
 
 #include "compress/codec.h"
+#include "compress/cpu/kernels.h"
 #include "compress/stochastic.h"
 
 namespace cnccl::compress {
@@ -23,13 +26,12 @@ void butterflies(T* x) {
   }
 }
 
-// forward: dst = H · D · src / 4; else dst = D · H · src / 4. Negating and multiplying by 1/4 are exact.
+// forward: dst = H · D · src / 4; else dst = D · H · src / 4, for `blocks` whole blocks. Negating and
+// multiplying by 1/4 are exact.
 template <typename T>
-void rotate_blocks(const T* src, T* dst, size_t n, uint16_t signs, bool forward) {
-  const GradualUnderflow exact;
-  const size_t whole = n / kRotationBlock * kRotationBlock;
+void rotate_whole(const T* src, T* dst, size_t blocks, uint16_t signs, bool forward) {
   T x[kRotationBlock];
-  for (size_t b = 0; b < whole; b += kRotationBlock) {
+  for (size_t b = 0; b < blocks * kRotationBlock; b += kRotationBlock) {
     for (size_t j = 0; j < kRotationBlock; ++j) x[j] = forward && (signs >> j & 1) ? -src[b + j] : src[b + j];
     butterflies(x);
     for (size_t j = 0; j < kRotationBlock; ++j) {
@@ -37,10 +39,29 @@ void rotate_blocks(const T* src, T* dst, size_t n, uint16_t signs, bool forward)
       dst[b + j] = !forward && (signs >> j & 1) ? -y : y;
     }
   }
+}
+
+template <typename T>
+void rotate_blocks(const T* src, T* dst, size_t n, uint16_t signs, bool forward) {
+  const GradualUnderflow exact;
+  const size_t blocks = n / kRotationBlock, whole = blocks * kRotationBlock;
+  if constexpr (std::is_same_v<T, float>) {
+    detail::active_kernels().rotate_f32(src, dst, blocks, signs, forward);
+  } else {
+    rotate_whole(src, dst, blocks, signs, forward);
+  }
   if (dst != src) std::copy(src + whole, src + n, dst + whole);
 }
 
 }  // namespace
+
+namespace detail {
+
+void scalar_rotate_f32(const float* src, float* dst, size_t blocks, uint16_t signs, bool forward) {
+  rotate_whole(src, dst, blocks, signs, forward);
+}
+
+}  // namespace detail
 
 uint16_t rotation_signs(uint64_t seed) {
   // A counter no stochastic rounding's bits use (their phase is 0 or 1 below index 2^34).

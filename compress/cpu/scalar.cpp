@@ -112,7 +112,7 @@ const CpuKernels& scalar_kernels() {
                                   cast_add_f32, sum, sum_f32, scalar_amax_f32, scalar_cast8_f32,
                                   scalar_restore8_f32, scalar_scaled_sum_f32, scalar_mx_encode_f32,
                                   scalar_mx_decode, scalar_mx_sum, scalar_nv_encode_f32, scalar_nv_decode,
-                                  scalar_nv_sum};
+                                  scalar_nv_sum, scalar_rotate_f32};
   return kernels;
 }
 
