@@ -192,6 +192,18 @@ class HostPath final : public c10d::Backend {
   std::unique_ptr<Comm> cross_;   // with shm_ on several hosts: the ranks of this one's local rank, one per host
   std::string no_shm_because_;
   std::string broken_;  // executor thread only: the first failure, after which the group is unusable
+  // The rotation's copies (reductions/rotated_reductions.cpp), kept for later calls: memory a step in flight
+  // does not hold.
+  class RotationCopies {
+   public:
+    // A contiguous flat tensor of `numel` elements of `dtype`.
+    at::Tensor take(int64_t numel, at::ScalarType dtype);
+
+   private:
+    std::mutex mutex_;
+    std::vector<at::Tensor> kept_;  // bytes; in use while a view of one lives
+  };
+  RotationCopies rotation_copies_;
   // Shared with the works' helpers (HostWork::set_helper), which hold it weakly.
   std::shared_ptr<Executor> executor_;
   const Executor* executor_id_ = nullptr;  // its address, compared with (never read) once it is gone
