@@ -4,8 +4,9 @@
 // decodes and adds them in fp32 in rank order. Parts and blocks are cut as the composed path's frames
 // cut them, so every path gives the same bits.
 //
-// A power-of-two frame (framed_*_step) has one exponent for its whole part: each rank finds its parts'
-// exponents first (the amax pass), then casts and sends its frames in pieces, the header in the first.
+// A power-of-two frame (framed_*_step) has one exponent for its whole part: each rank finds a part's
+// exponent (the amax pass) when it produces the part's first piece, then casts and sends its frames in
+// pieces, the header in the first; the other parts' passes overlap the first pieces' transfer.
 // reduce_scatter writes the owner's sum, unrounded; allreduce's owner frames its whole sum with its own
 // exponent once every piece is in, and the owners' frames are allgathered in pieces, each restored as
 // it comes (allgather_shm, allgather_chunked). allreduce's parts are ceil(n / size) elements (the last
@@ -19,6 +20,8 @@
 // Both are one level of LevelCodec (level_codec.h), which a wire per level shares.
 #include <atomic>
 #include <cstring>
+#include <memory>
+#include <mutex>
 
 #include "backend/frames.h"
 #include "backend/host/host_path.h"
@@ -39,6 +42,22 @@ Rows parts_as_rows(const at::Tensor& flat, int parts, int64_t count) {
   for (const auto& part : frames::parts_of(flat, parts, count)) rows.push_back({part});
   return rows;
 }
+
+// Each part's exponent, found once, by whichever piece of the part is produced first.
+class PartExponents {
+ public:
+  explicit PartExponents(int parts) : found_(std::make_unique<std::once_flag[]>(size_t(parts))), values_(size_t(parts)) {}
+
+  template <typename Find>
+  int32_t of(size_t q, Find find) {
+    std::call_once(found_[q], [&] { values_[q] = find(); });
+    return values_[q];
+  }
+
+ private:
+  std::unique_ptr<std::once_flag[]> found_;
+  std::vector<int32_t> values_;
+};
 
 // Of part q's `count` values, those the tensor of n has.
 int64_t given(int64_t n, size_t q, int64_t count) {
@@ -153,7 +172,7 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
   const bool direct = tensor.is_contiguous() && !config_.untouched_on_failure;
   auto src = std::make_shared<at::Tensor>();
   auto rows = std::make_shared<Rows>();
-  auto mine = std::make_shared<std::vector<int32_t>>(size);   // this rank's exponent of each part
+  auto mine = std::make_shared<PartExponents>(size);           // this rank's exponent of each part
   auto heard = std::make_shared<std::vector<int32_t>>(size);  // every rank's exponent of this owner's part
   auto told = std::make_shared<std::vector<int32_t>>(size);   // each owner's exponent of its sum
   // The largest |sum| of this owner's part so far, as the bits of a non-negative float (a NaN's exceed
@@ -169,12 +188,12 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
   step.pre = [=](const Buffers&) {
     *src = tensor.reshape({-1}).contiguous();
     *rows = parts_as_rows(*src, size, count);
-    for (int q = 0; q < size; ++q) (*mine)[q] = codec.exponent({&(*rows)[q], count, plan.pre_scale});
   };
   step.algorithm = [=, this](const Buffers& b) {
     const ChunkProduce produce = [=](size_t first, size_t len, char* dst) {
       const size_t q = first / units;
-      codec.encode({&(*rows)[q], count, plan.pre_scale, (*mine)[q], stochastic ? &contributions : nullptr,
+      const int32_t e = mine->of(q, [&] { return codec.exponent({&(*rows)[q], count, plan.pre_scale}); });
+      codec.encode({&(*rows)[q], count, plan.pre_scale, e, stochastic ? &contributions : nullptr,
                     q * uint64_t(count)},
                    first - q * units, len, reinterpret_cast<uint8_t*>(dst));
     };
@@ -236,21 +255,19 @@ HostPath::Step HostPath::framed_reduce_scatter_step(const std::vector<at::Tensor
   const compress::Dither contributions = dithers(plan, size_t(each) * size_t(size)).first;
   const bool stochastic = plan.stochastic;
   auto rows = std::make_shared<Rows>();
-  auto mine = std::make_shared<std::vector<int32_t>>(size);
+  auto mine = std::make_shared<PartExponents>(size);
   auto heard = std::make_shared<std::vector<int32_t>>(size);
   Step step;
   step.on_shm = on_shm;
   step.workspace_bytes = codec.sums_bytes();  // this rank's fp32 sums, a float for each unit of its frame
   step.pre = [=](const Buffers&) {
-    for (int q = 0; q < size; ++q) {
-      rows->push_back({inputs[size_t(q)].contiguous()});
-      (*mine)[q] = codec.exponent({&rows->back(), each, plan.pre_scale});
-    }
+    for (int q = 0; q < size; ++q) rows->push_back({inputs[size_t(q)].contiguous()});
   };
   step.algorithm = [=, this](const Buffers& b) {
     const ChunkProduce produce = [=](size_t first, size_t len, char* dst) {
       const size_t q = first / units;
-      codec.encode({&(*rows)[q], each, plan.pre_scale, (*mine)[q], stochastic ? &contributions : nullptr,
+      const int32_t e = mine->of(q, [&] { return codec.exponent({&(*rows)[q], each, plan.pre_scale}); });
+      codec.encode({&(*rows)[q], each, plan.pre_scale, e, stochastic ? &contributions : nullptr,
                     q * uint64_t(each)},
                    first - q * units, len, reinterpret_cast<uint8_t*>(dst));
     };
