@@ -16,6 +16,8 @@ Usage: python3 bench/link.py [--rates 1,2.5,10] [--ranks-per-host 1,2] [--hosts 
                              [--trials 5] [--wires W,...] [--json FILE] [--docs] [--docs-from JSON]
 (--docs rewrites docs/benchmarks.md's link section between its markers.) --wires may also name the 4-bit
 matrix's variants (MATRIX: -sr stochastic rounding, -had the block rotation), which the default leaves out.
+The full run (every default) saves its results to bench/results/link.json, which --docs-from reads; a
+narrower run saves only to a --json it is given, so it never writes over the full run's.
 """
 
 import argparse
@@ -398,12 +400,14 @@ def main():
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--wires", default=",".join(DEFAULT_WIRES),
                         help=f"cnccl's variants to run beside gloo's; beside the default ones: {', '.join(MATRIX)}")
-    parser.add_argument("--json", default=os.path.join(RESULTS, "link.json"))
+    parser.add_argument("--json", help="where to save the results (default: bench/results/link.json for the full run)")
     parser.add_argument("--docs", action="store_true", help="rewrite docs/benchmarks.md's link section")
     parser.add_argument("--docs-from", metavar="JSON", help="rewrite it from an earlier run's --json, running nothing")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    full_run = all(getattr(args, a.dest) == a.default for a in parser._actions if a.dest in
+                   ("rates", "ranks_per_host", "hosts", "three_hosts_at", "sizes", "trials", "wires"))
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     wires = args.wires.split(",")
     unknown = [w for w in wires if w not in WIRES]
@@ -449,10 +453,13 @@ def main():
     misses, cells = model_misses(results)
     print(f"scale model within 20% in {cells - len(misses)} of {cells} cells; misses: " +
           "; ".join(f"{k} {size} {n} {t * 1e3:.1f} ms (model {m * 1e3:.1f})" for k, size, n, t, m in misses))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
+    saved = args.json or (os.path.join(RESULTS, "link.json") if full_run else None)
+    if saved:
+        os.makedirs(os.path.dirname(os.path.abspath(saved)), exist_ok=True)
+        with open(saved, "w") as f:
             json.dump(data, f, indent=1)
+    else:
+        print("results not saved: narrower than the full run, which bench/results/link.json keeps (--json FILE saves them)")
     if args.docs:
         sections.rewrite(sections.BENCHMARKS, "link", docs_section(data))
 
