@@ -144,6 +144,7 @@ void HostPath::shutdown() {
   if (cross_) cross_->abort("shutdown() was called on the process group");
   executor_->stop();
   executor_.reset();
+  rotation_copies_.clear();
   // Notified under the lock: a waiter may destroy the group as soon as it returns.
   std::lock_guard<std::mutex> lock(shutdown_mutex_);
   shutdown_done_ = true;

@@ -198,6 +198,8 @@ class HostPath final : public c10d::Backend {
    public:
     // A contiguous flat tensor of `numel` elements of `dtype`.
     at::Tensor take(int64_t numel, at::ScalarType dtype);
+    // Frees the kept buffers (shutdown: no step runs again); views still alive keep theirs.
+    void clear();
 
    private:
     std::mutex mutex_;

@@ -1076,7 +1076,8 @@ float nv_sum(const uint8_t* const* scales, const uint8_t* const* elements, const
   amax = _mm256_max_epu32(amax, _mm256_permute2x128_si256(amax, amax, 1));
   amax = _mm256_max_epu32(amax, _mm256_shuffle_epi32(amax, 0x4E));
   amax = _mm256_max_epu32(amax, _mm256_shuffle_epi32(amax, 0xB1));
-  return float_of(uint32_t(_mm256_cvtsi256_si32(amax)));
+  // A builtin, not kernels.h's inline float_of (as in cpu/avx512.cpp's nv_sum).
+  return __builtin_bit_cast(float, uint32_t(_mm256_cvtsi256_si32(amax)));
 }
 
 // --- The block rotation (codec.h, rotate): cpu/rotation.cpp's butterflies on 8 lanes, a block two vectors.

@@ -600,7 +600,9 @@ float nv_sum(const uint8_t* const* scales, const uint8_t* const* elements, const
     const __m512i a = _mm512_and_si512(_mm512_castps_si512(sum), magnitude);
     amax = _mm512_mask_max_epu32(amax, _mm512_cmple_epu32_mask(a, finite_top), amax, a);
   }
-  return float_of(_mm512_reduce_max_epu32(amax));
+  // A builtin, not kernels.h's inline float_of: an out-of-line copy compiled here could be the one the linker
+  // keeps for every path.
+  return __builtin_bit_cast(float, _mm512_reduce_max_epu32(amax));
 }
 
 // --- The block rotation (codec.h, rotate): cpu/rotation.cpp's butterflies with a block a vector. Each stage's

@@ -6,7 +6,8 @@
 //
 // A power-of-two frame (framed_*_step) has one exponent for its whole part: each rank finds a part's
 // exponent (the amax pass) when it produces the part's first piece, then casts and sends its frames in
-// pieces, the header in the first; the other parts' passes overlap the first pieces' transfer.
+// pieces, the header in the first. Over the transport (reduce_chunked) the later parts' passes overlap the
+// first pieces' transfer; through shared memory (reduce_shm) every part's first piece is published at once.
 // reduce_scatter writes the owner's sum, unrounded; allreduce's owner frames its whole sum with its own
 // exponent once every piece is in, and the owners' frames are allgathered in pieces, each restored as
 // it comes (allgather_shm, allgather_chunked). allreduce's parts are ceil(n / size) elements (the last

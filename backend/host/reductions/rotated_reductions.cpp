@@ -39,29 +39,38 @@ Plan unrotated(const Plan& plan) {
 
 // A fresh tensor's first touch costs page faults: 30 ms to fill a new 64 MiB one here against 6 ms for one
 // filled before, which made the rotation's copy most of its cost. So copies are kept: at most four buffers
-// (a training loop's buckets in flight), each free once no step's view of it lives; past that a copy is
-// fresh and freed after its call.
+// (a training loop's buckets in flight), each free once no step's view of it lives. A free buffer serves a
+// request of a quarter of its size up to all of it; one outside that is replaced at the request's size, so
+// that what is kept follows the calls' sizes rather than the largest call's. Past four buffers in use, a
+// copy is fresh and freed after its call. A count of 1 is also an order: the executor runs one job at a
+// time and drops a finished job's steps (their views) before it takes its lock for the next.
 at::Tensor HostPath::RotationCopies::take(int64_t numel, at::ScalarType dtype) {
   constexpr size_t kKept = 4;
   const int64_t bytes = numel * int64_t(c10::elementSize(dtype));
+  if (bytes == 0) return at::empty({0}, at::TensorOptions().dtype(dtype));
   const std::lock_guard<std::mutex> lock(mutex_);
   at::Tensor* chosen = nullptr;
-  at::Tensor* free_too_small = nullptr;
+  at::Tensor* misfit = nullptr;  // free, but too small or more than four times too large
   for (at::Tensor& t : kept_) {
-    if (t.storage().use_count() != 1) continue;  // a step in flight holds a view of it
-    if (t.numel() < bytes) {
-      free_too_small = &t;
+    if (t.storage().use_count() != 1) continue;  // a step holds a view of it
+    if (t.numel() < bytes || t.numel() / 4 > bytes) {
+      misfit = &t;
     } else if (!chosen || t.numel() < chosen->numel()) {
       chosen = &t;  // the smallest that fits
     }
   }
-  if (!chosen && free_too_small) {
-    *free_too_small = at::empty({bytes}, at::kByte);
-    chosen = free_too_small;
+  if (!chosen && misfit) {
+    *misfit = at::empty({bytes}, at::kByte);
+    chosen = misfit;
   }
   if (!chosen && kept_.size() < kKept) chosen = &kept_.emplace_back(at::empty({bytes}, at::kByte));
   if (!chosen) return at::empty({numel}, at::TensorOptions().dtype(dtype));
   return chosen->narrow(0, 0, bytes).view(dtype);
+}
+
+void HostPath::RotationCopies::clear() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  kept_.clear();
 }
 
 HostPath::Step HostPath::rotated_allreduce_step(const at::Tensor& tensor, const Plan& plan) {
