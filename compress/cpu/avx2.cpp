@@ -564,14 +564,6 @@ inline __m256 stochastic_on_grid(__m256 t, __m256i random, int min_exponent, int
   return _mm256_mul_ps(_mm256_add_ps(m, step), up);
 }
 
-// The grid an MX wire's elements round to stochastically (stochastic_fp8_value's for e4m3 and e5m2; e2m1 has
-// its own rule).
-struct Fp8Grid {
-  explicit Fp8Grid(Wire element) : min_exponent(element == Wire::kE4m3 ? -6 : -14),
-                                   mantissa_bits(element == Wire::kE4m3 ? 3 : 2) {}
-  int min_exponent, mantissa_bits;
-};
-
 // --- MX blocks (codec.h, "MX blocks"): the scalar block kernels of cpu/mx.cpp on 8 lanes, four
 // vectors a block.
 

@@ -228,7 +228,7 @@ inline __m512 stochastic_on_grid(__m512 t, __m512i random, int min_exponent, int
 template <bool kE2m1, bool kCountSaturated>
 inline void encode_elements(const __m512* v, __m512 inverse, const Fp8Lanes16& fp8, __m512 largest,
                             uint64_t& saturated, uint8_t* out, const uint32_t* random = nullptr,
-                            int min_exponent = 0, int mantissa_bits = 0) {
+                            const Fp8Grid* grid = nullptr) {
   __m512i c[2];
   #pragma GCC unroll 2
   for (int k = 0; k < 2; ++k) {
@@ -245,7 +245,7 @@ inline void encode_elements(const __m512* v, __m512 inverse, const Fp8Lanes16& f
       c[k] = Fp8Lanes16::with_bit(fp8.codes_in_range(a), x, 28, 0x8);
     } else {
       if (random) {
-        const __m512 a = stochastic_on_grid(_mm512_abs_ps(q), bits, min_exponent, mantissa_bits);
+        const __m512 a = stochastic_on_grid(_mm512_abs_ps(q), bits, grid->min_exponent, grid->mantissa_bits);
         // q's sign, -0 included: 0xF8 is a | (b & c) as ternary logic.
         q = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(a), _mm512_castps_si512(q),
                                                           _mm512_set1_epi32(INT32_MIN), 0xF8));
@@ -271,8 +271,7 @@ size_t mx_encode_blocks(const float* src, size_t count, float scale, const MxBlo
                         uint8_t* elements, Census* census, const Dither* dither, uint64_t first) {
   constexpr size_t kBlockBytes = kE2m1 ? kMxBlock / 2 : kMxBlock;
   const Fp8Lanes16 fp8(f.element);
-  // stochastic_fp8_value's grids (stochastic.h).
-  const int min_exponent = f.element == Wire::kE4m3 ? -6 : -14, mantissa_bits = f.element == Wire::kE4m3 ? 3 : 2;
+  const Fp8Grid grid(f.element);
   std::optional<RandomWords256> philox;
   if (dither) philox.emplace(*dither);
   const __m512 s = _mm512_set1_ps(scale), largest = _mm512_set1_ps(f.max);
@@ -324,7 +323,7 @@ size_t mx_encode_blocks(const float* src, size_t count, float scale, const MxBlo
         continue;
       }
       encode_elements<kE2m1, kFloor>(v, _mm512_set1_ps(inverse[j]), fp8, largest, saturated, out,
-                                     philox ? random + j * kMxBlock : nullptr, min_exponent, mantissa_bits);
+                                     philox ? random + j * kMxBlock : nullptr, &grid);
     }
   }
   if (census) {

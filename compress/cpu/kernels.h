@@ -24,8 +24,8 @@ MxBlockFormat mx_block_format(Wire wire);
 // What an MX decode does with each value v of its blocks: out = v, or out = v * post.
 enum class MxDecodeOp : uint8_t { kStore, kScale };
 
-// How a run of block values is rounded: stochastically with the bits of element `first + i`: element `first + i`'s (stochastic.h), or
-// without a dither to nearest even (cpu/mx.cpp, cpu/nvfp4.cpp).
+// How a run of block values is rounded: stochastically, element i with the random bits of index first + i
+// (stochastic.h), or without a dither to nearest even (cpu/mx.cpp, cpu/nvfp4.cpp).
 struct Rounding {
   const Dither* dither = nullptr;
   uint64_t first = 0;
@@ -77,6 +77,14 @@ struct CpuKernels {
   // The block rotation (cpu/rotation.cpp) of `blocks` whole blocks of 16 values: dst = H · D · src / 4 where
   // `forward`, else D · H · src / 4. src and dst may be the same buffer.
   void (*rotate_f32)(const float* src, float* dst, size_t blocks, uint16_t signs, bool forward);
+};
+
+// The grid stochastic_fp8_value (stochastic.h) rounds an MX wire's 8-bit element to, for the vector kernels:
+// e4m3's or e5m2's smallest normal exponent and significand bits.
+struct Fp8Grid {
+  explicit Fp8Grid(Wire element)
+      : min_exponent(element == Wire::kE4m3 ? -6 : -14), mantissa_bits(element == Wire::kE4m3 ? 3 : 2) {}
+  int min_exponent, mantissa_bits;
 };
 
 // The integer constants of the vector kernels' round-to-nearest-even to an 8-bit format (Fp8Lanes in

@@ -18,6 +18,13 @@ inline std::vector<CpuPath> vector_paths() {
   return out;
 }
 
+// The scalar path, then the vector ones.
+inline std::vector<CpuPath> all_paths() {
+  std::vector<CpuPath> out = vector_paths();
+  out.insert(out.begin(), CpuPath::kScalar);
+  return out;
+}
+
 // Restores the dispatch whatever a test does.
 struct PathGuard {
   CpuPath saved = cpu_path();

@@ -163,8 +163,7 @@ TEST(CodecMx, DecodingSumsAndRestoresAreTheScalarKernelsBitForBit) {
 // counts what the encoding meets, on every path, over pieces (70000 values) and a short last block.
 TEST(CodecMx, SumEncodeIsSumThenEncode) {
   const PathGuard guard;
-  std::vector<CpuPath> paths = vector_paths();
-  paths.insert(paths.begin(), CpuPath::kScalar);
+  const std::vector<CpuPath> paths = testing::all_paths();
   for (Wire w : kWires) {
     for (MxScale rule : kRules) {
       for (size_t n : {size_t(1), size_t(33), size_t(2048), size_t(4113), size_t(70000)}) {
@@ -315,8 +314,7 @@ TEST(CodecMx, StochasticEncodingIsTheScalarKernelsBitForBit) {
 // from starts that are and are not a multiple of 4.
 TEST(CodecMx, AnElementAtItsThresholdRoundsDown) {
   const PathGuard guard;
-  std::vector<CpuPath> paths = vector_paths();
-  paths.insert(paths.begin(), CpuPath::kScalar);
+  const std::vector<CpuPath> paths = testing::all_paths();
   const Dither dither = contribution_dither(0xC0FFEE1234ull, 11, 1);
   constexpr size_t kBlocks = 40;
   for (Wire w : kWires) {

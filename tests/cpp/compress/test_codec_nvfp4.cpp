@@ -294,8 +294,7 @@ TEST(CodecNvfp4, ValuesFromSevenOnAreCountedAsSaturated) {
 // blocks with S = 1 under P = 1, from starts that are and are not a multiple of 4.
 TEST(CodecNvfp4, AnElementAtItsThresholdRoundsDown) {
   const PathGuard guard;
-  std::vector<CpuPath> paths = vector_paths();
-  paths.insert(paths.begin(), CpuPath::kScalar);
+  const std::vector<CpuPath> paths = testing::all_paths();
   const Dither dither = contribution_dither(0xC0FFEE1234ull, 11, 1);
   constexpr size_t kBlocks = 40;
   for (uint64_t first : {uint64_t(0), uint64_t(6)}) {
@@ -323,8 +322,7 @@ TEST(CodecNvfp4, AnElementAtItsThresholdRoundsDown) {
 // (70000 values) and a short last block.
 TEST(CodecNvfp4, SumEncodeIsSumThenEncode) {
   const PathGuard guard;
-  std::vector<CpuPath> paths = vector_paths();
-  paths.insert(paths.begin(), CpuPath::kScalar);
+  const std::vector<CpuPath> paths = testing::all_paths();
   for (size_t n : {size_t(1), size_t(17), size_t(2048), size_t(4113), size_t(70000)}) {
     const auto [runs, parts] = runs_of_every_kind(n);
     for (size_t r = 0; r + 2 < runs.size(); ++r) {

@@ -80,8 +80,7 @@ TEST(Rotation, VectorKernelsAreTheScalarKernelBitForBit) {
 // kernels on every path compute H · D · x / 4, not just the same thing as each other.
 TEST(Rotation, ABlocksSpikeSpreadsAsHadamardsColumn) {
   const PathGuard guard;
-  std::vector<CpuPath> paths = vector_paths();
-  paths.insert(paths.begin(), CpuPath::kScalar);
+  const std::vector<CpuPath> paths = testing::all_paths();
   for (CpuPath path : paths) {
     set_cpu_path(path);
     for (size_t k = 0; k < kRotationBlock; ++k) {
