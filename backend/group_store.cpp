@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/errors.h"
+#include "backend/signature.h"
 
 namespace cnccl {
 namespace {
@@ -18,13 +19,6 @@ std::string hex64(uint64_t v) {
   char text[17];
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
   return text;
-}
-
-// FNV-1a: a hash every rank computes alike, whatever its build.
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
 }
 
 uint64_t draw_token() {

@@ -35,7 +35,7 @@ constexpr size_t kFailureBytes = 1024;
 // 110-140 us with 30 us of spinning and 30-45 us with 200 (bench/allreduce.py).
 constexpr std::chrono::microseconds kFirstSpin{200};
 // The longest a sleeping waiter goes without looking at its deadline, abort flag and peer.
-constexpr auto kMaxSleep = std::chrono::milliseconds(1);
+constexpr auto kMaxFutexSleep = std::chrono::milliseconds(1);
 
 struct alignas(64) Line {
   std::atomic<uint64_t> value{0};
@@ -93,7 +93,7 @@ struct ShmComm::Control {
 
 namespace {
 constexpr size_t kControlBytes = 4096;
-constexpr size_t kSegmentBytes = kControlBytes + ShmComm::kDepth * 2 * ShmComm::kSlotBytes;
+constexpr size_t kShmSegmentBytes = kControlBytes + ShmComm::kDepth * 2 * ShmComm::kSlotBytes;
 }  // namespace
 
 namespace {
@@ -206,7 +206,7 @@ std::unique_ptr<ShmComm> ShmComm::connect(c10d::Store& store, int rank, int size
   mine.hardware_cpus = int(std::thread::hardware_concurrency());
   if (enabled) {
     try {
-      own = Segment::create(kSegmentBytes);
+      own = Segment::create(kShmSegmentBytes);
       auto* control = new (own.data()) Control{};
       control->magic = kMagic;
       control->token = mine.token;
@@ -250,7 +250,7 @@ std::unique_ptr<ShmComm> ShmComm::connect(c10d::Store& store, int rank, int size
     if (peer == rank) continue;
     try {
       peers[i] = Liveness(all[peer].pid);
-      segments[i] = Segment::open(peers[i], all[peer].fd, kSegmentBytes);
+      segments[i] = Segment::open(peers[i], all[peer].fd, kShmSegmentBytes);
       const auto* control = reinterpret_cast<const Control*>(segments[i].data());
       if (control->magic != kMagic || control->token != all[peer].token) {
         trouble = "rank " + std::to_string(peer) + "'s segment does not hold what it announced";
@@ -434,7 +434,7 @@ void ShmComm::wait_one(int peer, Counter counter, uint64_t step) {
     sleeping.store(1, std::memory_order_seq_cst);
     const uint64_t seen = theirs.load(std::memory_order_seq_cst);
     const bool woken =
-        seen < step && futex_wait(theirs, uint32_t(seen), std::min<Clock::duration>(kMaxSleep, deadline_ - now));
+        seen < step && futex_wait(theirs, uint32_t(seen), std::min<Clock::duration>(kMaxFutexSleep, deadline_ - now));
     sleeping.store(0, std::memory_order_relaxed);
     if (theirs.load(std::memory_order_acquire) >= step) {
       // Woken by this peer's post: what the sleep cost past the post, the measure of how long to spin.
