@@ -9,12 +9,14 @@ The CUDA kernels (.cu) include no torch header and are not compiled here.
 """
 
 import concurrent.futures
+import functools
 import hashlib
 import json
 import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -37,6 +39,23 @@ def headers():
         z.extractall(CACHE, [n for n in z.namelist() if n.startswith("torch/include/")])
     wheel.unlink()
     return include
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+@functools.cache
+def digest(path):
+    try:
+        return sha256(Path(path).read_bytes())
+    except OSError:
+        return None
+
+
+def dependencies(make_rule):
+    """The files a make rule written by the compiler's -MD names after its target."""
+    return shlex.split(Path(make_rule).read_text().replace("\\\n", " ").split(":", 1)[1])
 
 
 # Where gpu_check.sh's sources live; the example is built by its own CMake project against the
@@ -87,23 +106,25 @@ def main():
 
     passed = CACHE / "passed"
     passed.mkdir(exist_ok=True)
+    compiler = subprocess.run([jobs[0][1][0], "--version"], capture_output=True).stdout
 
     def compile_one(job):
-        """A unit whose preprocessed text and flags were checked before on this machine is not
-        compiled again (a deterministic compiler gives the same verdict): the check's own ccache.
-        The checkout's folder is taken out of both, so every clone shares the verdicts."""
+        """A unit checked before on this machine with the same flags and the same text in every file it
+        read is not compiled again (a deterministic compiler gives the same verdict): ccache's direct
+        mode. The compile itself lists the files it read (-MD), so a unit never seen costs no more
+        than its compile. The checkout's folder is taken out of keys and paths, so every clone shares
+        the verdicts."""
         rel, args, cwd = job
-        key = None
-        pre = subprocess.run([a for a in args if a != "-fsyntax-only"] + ["-E", "-o", "-"], cwd=cwd,
-                             capture_output=True)
-        if pre.returncode == 0:
-            key = hashlib.sha256(" ".join(args).replace(str(REPO), "<repo>").encode() + b"\0" +
-                                 pre.stdout.replace(str(REPO).encode(), b"<repo>")).hexdigest()
-            if (passed / key).exists():
-                return rel, 0, "", True
-        r = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
-        if r.returncode == 0 and key is not None:
-            (passed / key).touch()
+        key = sha256(compiler + b"\0" + " ".join(args).replace(str(REPO), "<repo>").encode())
+        record = passed / key
+        if record.exists() and all(digest(path.replace("<repo>", str(REPO))) == want
+                                   for path, want in json.loads(record.read_text())):
+            return rel, 0, "", True
+        with tempfile.NamedTemporaryFile(suffix=".d") as deps:
+            r = subprocess.run(args + ["-MD", "-MF", deps.name], cwd=cwd, capture_output=True, text=True)
+            if r.returncode == 0:
+                read = [str(Path(cwd, path).resolve()) for path in dependencies(deps.name)]
+                record.write_text(json.dumps([[path.replace(str(REPO), "<repo>"), digest(path)] for path in read]))
         return rel, r.returncode, r.stderr, False
 
     failed = 0
