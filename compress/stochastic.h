@@ -11,8 +11,9 @@
 namespace cnccl::compress {
 
 // Whose random bits an element takes: Philox4x32-10 keyed by `seed` (low word first), at counter
-// (index / 4 mod 2^32, seq, rank, phase + 2 * (index / 2^34)); element `index` takes word index % 4
-// of that block. The last word's high part keeps tensors past 2^34 elements from repeating bits.
+// (index / 4 mod 2^32, seq, rank, phase + 2 * (index / 2^34)); a 16-bit wire's element `index` takes
+// word index % 4 of that block (random_bits; a block wire's takes a byte: block_random_bits). The last
+// word's high part keeps tensors past 2^34 elements from repeating bits.
 // Nothing depends on how the elements are chunked or which device rounds them.
 struct Dither {
   uint64_t seed = 0;
@@ -90,10 +91,26 @@ CNCCL_HOST_DEVICE float stochastic_grid_value(float v, uint32_t random, Wire w) 
                    v);
 }
 
+// The random bits of a block wire's element (the 4- and 8-bit block wires' stochastic rounding above): 8
+// bits an element, as Blackwell's cvt.rs.satfinite.e2m1x4.f32 and .e4m3x4.f32 take them (32 random bits
+// for four values), so that one Philox block serves sixteen elements, where the 16-bit wires' rounding
+// takes a word each. Element `index` takes byte b = index % 16 of the Philox block at counter
+// (index / 16 mod 2^32, seq, rank, phase + 2 * (index / 2^36)), its words' bytes in little-endian order,
+// as u = (b + 1/2) * 2^-8: the middle of the byte's interval, so that the probability of rounding up
+// differs from f by at most 2^-9 (E[result] within s / 512 of a, whatever a is).
+CNCCL_HOST_DEVICE uint32_t rounding_bits_of_byte(uint32_t byte) { return byte << 24 | 0x800000u; }
+
+CNCCL_HOST_DEVICE uint32_t block_random_bits(const Dither& d, uint64_t index) {
+  const Philox4 block = philox4x32_10(static_cast<uint32_t>(index >> 4), d.seq, d.rank,
+                                      d.phase + 2 * static_cast<uint32_t>(index >> 36),
+                                      static_cast<uint32_t>(d.seed), static_cast<uint32_t>(d.seed >> 32));
+  return rounding_bits_of_byte(block.word[(index >> 2) & 3] >> (8 * (index & 3)) & 0xFF);
+}
+
 // A 4-bit element's magnitude a = min(|q|, 6) moved onto e2m1's grid (NVFP4 and MXFP4): with the grid's
 // spacing s at a (0.5 below 2, 1 below 4, else 2), a = (m + f) * s with m an integer and 0 <= f < 1; the
-// result is (m + 1) * s when u < f, else m * s, u = (random >> 8) * 2^-24. Every step is exact in fp32,
-// so E[result] = a up to u's resolution; 6 stays 6.
+// result is (m + 1) * s when u < f, else m * s, u = (random >> 8) * 2^-24 (random: block_random_bits).
+// Every step is exact in fp32, so E[result] = a up to u's resolution; 6 stays 6.
 CNCCL_HOST_DEVICE float stochastic_e2m1_value(float a, uint32_t random) {
   const float spacing = a < 2.0f ? 0.5f : a < 4.0f ? 1.0f : 2.0f;
   const float q = a * (1.0f / spacing);
@@ -103,24 +120,25 @@ CNCCL_HOST_DEVICE float stochastic_e2m1_value(float a, uint32_t random) {
 }
 
 // An MXFP8 element's magnitude a = min(|q|, L) moved onto its element type's grid by stochastic_on_grid
-// (e4m3: min_exponent -6, 3 bits; e5m2: -14, 2 bits). L is on the grid, so the result stays <= L.
+// (e4m3: min_exponent -6, 3 bits; e5m2: -14, 2 bits; random: block_random_bits). L is on the grid, so the
+// result stays <= L.
 CNCCL_HOST_DEVICE float stochastic_fp8_value(float a, uint32_t random, Wire element) {
   return element == Wire::kE4m3 ? stochastic_on_grid(a, random, -6, 3) : stochastic_on_grid(a, random, -14, 2);
 }
 
-// random_bits(dither, index) for indices in order, on the host: one Philox block serves the four indices
-// it holds.
-class RandomWords {
+// block_random_bits(dither, index) for indices in order, on the host: one Philox block serves the
+// sixteen indices it holds.
+class BlockRandomBits {
  public:
-  explicit RandomWords(const Dither& dither) : dither_(dither) {}
+  explicit BlockRandomBits(const Dither& dither) : dither_(dither) {}
   uint32_t operator()(uint64_t index) {
-    if (index >> 2 != block_index_) {
-      block_index_ = index >> 2;
-      const uint32_t phase = dither_.phase + 2 * static_cast<uint32_t>(index >> 34);
+    if (index >> 4 != block_index_) {
+      block_index_ = index >> 4;
+      const uint32_t phase = dither_.phase + 2 * static_cast<uint32_t>(index >> 36);
       block_ = philox4x32_10(static_cast<uint32_t>(block_index_), dither_.seq, dither_.rank, phase,
                              static_cast<uint32_t>(dither_.seed), static_cast<uint32_t>(dither_.seed >> 32));
     }
-    return block_.word[index & 3];
+    return rounding_bits_of_byte(block_.word[(index >> 2) & 3] >> (8 * (index & 3)) & 0xFF);
   }
 
  private:
@@ -136,7 +154,7 @@ void cast(const double* src, uint16_t* dst, size_t n, float scale, Wire wire, co
 void sum(const uint16_t* const* in, size_t k, uint16_t* dst, size_t n, Wire wire, const Dither& dither,
          uint64_t first);
 // NVFP4 with stochastically rounded elements (cpu/nvfp4.cpp): as nv_encode() and nv_sum_encode() in
-// codec.h, each element rounded by stochastic_e2m1_value with the random bits of element `first + i`;
+// codec.h, each element rounded by stochastic_e2m1_value with block_random_bits of element `first + i`;
 // the block scales as before. The scalar kernel defines it; the AVX2 and AVX-512 ones give its bits.
 void nv_encode(const float* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
                uint64_t first);
@@ -146,7 +164,7 @@ float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size
                     const Dither& dither, uint64_t first);
 // MX blocks with stochastically rounded elements (cpu/mx.cpp): as mx_encode() and mx_sum_encode() in
 // codec.h, each element's magnitude, saturated to L, rounded by stochastic_e2m1_value (MXFP4) or
-// stochastic_fp8_value (MXFP8) with the random bits of element `first + i`; the block scales as before.
+// stochastic_fp8_value (MXFP8) with block_random_bits of element `first + i`; the block scales as before.
 // The scalar kernels define it; the AVX2 and AVX-512 ones give its bits.
 void mx_encode(const float* src, size_t n, size_t count, float scale, Wire wire, MxScale rule, uint8_t* dst,
                const Dither& dither, uint64_t first);

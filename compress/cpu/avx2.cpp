@@ -465,19 +465,21 @@ void restore8_f32(const uint8_t* src, float* dst, size_t n, float scale, Wire w)
 
 // --- Stochastic rounding (stochastic.h) on 8 lanes.
 
-// The high halves of the 8 lanes' 32 x 32-bit products (AVX2 multiplies only the even lanes to 64 bits).
-inline __m256i mulhi_epu32(__m256i a, __m256i m) {
-  const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(a, m), 32);
-  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
-  return _mm256_blend_epi32(even, odd, 0xAA);
+// a * m as 64-bit products, their low and high words: two 32 x 32-bit multiplies (AVX2 multiplies only
+// the even lanes to 64 bits) where a separate low product (vpmulld) would take two more.
+inline void multiply(__m256i a, __m256i m, __m256i& lo, __m256i& hi) {
+  const __m256i even = _mm256_mul_epu32(a, m), odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
 }
 
-// random_bits(dither, index + i) for i in [0, 128) (stochastic.h): Philox4x32-10 on 8 lanes, a block of four
-// words a lane, the blocks from index / 4 on (one more where index is not a multiple of 4). The round keys
-// are broadcast once, for every call.
-class RandomWords128 {
+// block_random_bits(dither, index + i) for i in [0, 128) (stochastic.h): Philox4x32-10 on 8 lanes, a block
+// counter a lane, the round keys broadcast once for every call. A group is 8 blocks, the bytes of 128
+// elements from a multiple of 128 on; the groups a call took stay for the next, so a run that starts
+// elsewhere costs no more groups than one that starts there.
+class BlockRandomBits128 {
  public:
-  explicit RandomWords128(const Dither& d)
+  explicit BlockRandomBits128(const Dither& d)
       : seq_(_mm256_set1_epi32(int32_t(d.seq))), rank_(_mm256_set1_epi32(int32_t(d.rank))),
         phase_(_mm256_set1_epi32(int32_t(d.phase))) {
     uint32_t k0 = uint32_t(d.seed), k1 = uint32_t(d.seed >> 32);
@@ -489,28 +491,43 @@ class RandomWords128 {
     }
   }
 
-  void operator()(uint64_t index, uint32_t* out) const {
-    alignas(32) uint32_t words[5 * 32];
-    const size_t skip = index & 3;
-    for (size_t g = 0; g * 32 < skip + 128; ++g) group((index >> 2) + 8 * g, skip ? words + g * 32 : out + g * 32);
-    if (skip) __builtin_memcpy(out, words + skip, 128 * sizeof(uint32_t));
+  void operator()(uint64_t index, uint32_t* out) {
+    const uint64_t g = index >> 7;
+    const size_t skip = index & 127;
+    if (!held_ || g != group_) {
+      if (held_ && next_held_ && g == group_ + 1) {
+        __builtin_memcpy(bytes_, bytes_ + 128, 128);
+      } else {
+        group(g << 3, bytes_);
+      }
+      group_ = g;
+      held_ = true;
+      next_held_ = false;
+    }
+    if (skip && !next_held_) {
+      group((g + 1) << 3, bytes_ + 128);
+      next_held_ = true;
+    }
+    for (int c = 0; c < 16; ++c) {
+      const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes_ + skip + 8 * c)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * c),
+                          _mm256_or_si256(_mm256_slli_epi32(b, 24), _mm256_set1_epi32(0x800000)));
+    }
   }
 
  private:
-  // The 32 words of the 8 blocks from block index `base` on, in order, to `to`.
-  void group(uint64_t base, uint32_t* to) const {
-    const __m256i flip = _mm256_set1_epi32(INT32_MIN), lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i low = _mm256_set1_epi32(int32_t(uint32_t(base)));
-    __m256i c0 = _mm256_add_epi32(low, lane);
-    // A lane whose block index passed a multiple of 2^32 carries into its high word: -1 where c0 < low.
-    const __m256i carry = _mm256_cmpgt_epi32(_mm256_xor_si256(low, flip), _mm256_xor_si256(c0, flip));
-    const __m256i high = _mm256_sub_epi32(_mm256_set1_epi32(int32_t(uint32_t(base >> 32))), carry);
-    __m256i c1 = seq_, c2 = rank_, c3 = _mm256_add_epi32(phase_, _mm256_slli_epi32(high, 1));
+  // The 16 bytes each of the 8 blocks from block index `base` (a multiple of 8, so that no lane's
+  // counter wraps into the high word the phase holds) on, in order, to `to`.
+  void group(uint64_t base, uint8_t* to) const {
+    __m256i c0 = _mm256_add_epi32(_mm256_set1_epi32(int32_t(uint32_t(base))),
+                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i c1 = seq_, c2 = rank_, c3 = _mm256_add_epi32(phase_, _mm256_set1_epi32(int32_t(2 * uint32_t(base >> 32))));
     const __m256i m0 = _mm256_set1_epi32(int32_t(0xD2511F53u)), m1 = _mm256_set1_epi32(int32_t(0xCD9E8D57u));
     #pragma GCC unroll 10
     for (int round = 0; round < 10; ++round) {
-      const __m256i hi0 = mulhi_epu32(c0, m0), lo0 = _mm256_mullo_epi32(c0, m0);
-      const __m256i hi1 = mulhi_epu32(c2, m1), lo1 = _mm256_mullo_epi32(c2, m1);
+      __m256i hi0, lo0, hi1, lo1;
+      multiply(c0, m0, lo0, hi0);
+      multiply(c2, m1, lo1, hi1);
       c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), k0_[round]);
       c1 = lo1;
       c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), k1_[round]);
@@ -523,13 +540,16 @@ class RandomWords128 {
     const __m256i u0 = _mm256_unpacklo_epi64(t0, t1), u1 = _mm256_unpackhi_epi64(t0, t1);
     const __m256i u2 = _mm256_unpacklo_epi64(t2, t3), u3 = _mm256_unpackhi_epi64(t2, t3);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), _mm256_permute2x128_si256(u0, u1, 0x20));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 8), _mm256_permute2x128_si256(u2, u3, 0x20));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 16), _mm256_permute2x128_si256(u0, u1, 0x31));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 24), _mm256_permute2x128_si256(u2, u3, 0x31));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 32), _mm256_permute2x128_si256(u2, u3, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 64), _mm256_permute2x128_si256(u0, u1, 0x31));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 96), _mm256_permute2x128_si256(u2, u3, 0x31));
   }
 
   __m256i seq_, rank_, phase_;
   __m256i k0_[10], k1_[10];
+  alignas(32) uint8_t bytes_[256];  // the group group_'s bytes, then group_ + 1's where next_held_
+  uint64_t group_ = 0;
+  bool held_ = false, next_held_ = false;
 };
 
 // stochastic_e2m1_value (stochastic.h) on 8 lanes: the same operations, each exact.
@@ -640,7 +660,7 @@ size_t mx_encode_blocks(const float* src, size_t count, float scale, const MxBlo
   constexpr size_t kBlockBytes = kE2m1 ? kMxBlock / 2 : kMxBlock;
   const Fp8Lanes fp8(f.element);
   const Fp8Grid grid(f.element);
-  std::optional<RandomWords128> philox;
+  std::optional<BlockRandomBits128> philox;
   if (dither) philox.emplace(*dither);
   const __m256 s = _mm256_set1_ps(scale), largest = _mm256_set1_ps(f.max);
   const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF), finite_top = _mm256_set1_epi32(0x7F7FFFFF);
@@ -946,7 +966,7 @@ void nv_encode_f32(const float* src, size_t count, float scale, float part, floa
   __m256i saturated = _mm256_setzero_si256();
   uint64_t nonfinite = 0;
   size_t b = 0;
-  std::optional<RandomWords128> philox;
+  std::optional<BlockRandomBits128> philox;
   if (dither) philox.emplace(*dither);
   // The per-lane saturation counters hold 2^31 - 1 each: at most 2^26 blocks between their sums.
   auto drain = [&] {

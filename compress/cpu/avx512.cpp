@@ -122,11 +122,13 @@ inline __m512i lane_maxima(__m512i* m) {
 
 // --- Stochastic rounding (stochastic.h) on 16 lanes.
 
-// random_bits(dither, index + i) for i in [0, 256) (stochastic.h): RandomWords128 of cpu/avx2.cpp on 16
-// lanes, 16 blocks of four words a group.
-class RandomWords256 {
+// block_random_bits(dither, index + i) for i in [0, 256) (stochastic.h): Philox on 16 lanes, a block
+// counter a lane, as cpu/avx2.cpp's BlockRandomBits128. A group is 16 blocks, the bytes of 256 elements
+// from a multiple of 256 on; the groups a call took stay for the next, so a run that starts elsewhere
+// costs no more groups than one that starts there.
+class BlockRandomBits256 {
  public:
-  explicit RandomWords256(const Dither& d)
+  explicit BlockRandomBits256(const Dither& d)
       : seq_(_mm512_set1_epi32(int32_t(d.seq))), rank_(_mm512_set1_epi32(int32_t(d.rank))),
         phase_(_mm512_set1_epi32(int32_t(d.phase))) {
     uint32_t k0 = uint32_t(d.seed), k1 = uint32_t(d.seed >> 32);
@@ -138,34 +140,50 @@ class RandomWords256 {
     }
   }
 
-  void operator()(uint64_t index, uint32_t* out) const {
-    alignas(64) uint32_t words[5 * 64];
-    const size_t skip = index & 3;
-    for (size_t g = 0; g * 64 < skip + 256; ++g) group((index >> 2) + 16 * g, skip ? words + g * 64 : out + g * 64);
-    if (skip) __builtin_memcpy(out, words + skip, 256 * sizeof(uint32_t));
+  void operator()(uint64_t index, uint32_t* out) {
+    const uint64_t g = index >> 8;
+    const size_t skip = index & 255;
+    if (!held_ || g != group_) {
+      if (held_ && next_held_ && g == group_ + 1) {
+        __builtin_memcpy(bytes_, bytes_ + 256, 256);
+      } else {
+        group(g << 4, bytes_);
+      }
+      group_ = g;
+      held_ = true;
+      next_held_ = false;
+    }
+    if (skip && !next_held_) {
+      group((g + 1) << 4, bytes_ + 256);
+      next_held_ = true;
+    }
+    for (int c = 0; c < 16; ++c) {
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes_ + skip + 16 * c)));
+      _mm512_storeu_si512(out + 16 * c, _mm512_or_si512(_mm512_slli_epi32(b, 24), _mm512_set1_epi32(0x800000)));
+    }
   }
 
  private:
-  static __m512i mulhi_epu32(__m512i a, __m512i m) {
-    const __m512i even = _mm512_srli_epi64(_mm512_mul_epu32(a, m), 32);
-    const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
-    return _mm512_mask_blend_epi32(0xAAAA, even, odd);
+  // a * m as 64-bit products, their low and high words: two 32 x 32-bit multiplies where a separate
+  // low product (vpmulld) would take two more.
+  static void multiply(__m512i a, __m512i m, __m512i& lo, __m512i& hi) {
+    const __m512i even = _mm512_mul_epu32(a, m), odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
+    hi = _mm512_mask_shuffle_epi32(odd, 0x5555, even, _MM_PERM_CDAB);
+    lo = _mm512_mask_shuffle_epi32(even, 0xAAAA, odd, _MM_PERM_CDAB);
   }
 
-  // The 64 words of the 16 blocks from block index `base` on, in order, to `to`.
-  void group(uint64_t base, uint32_t* to) const {
+  // The 16 bytes each of the 16 blocks from block index `base` (a multiple of 16, so that no lane's
+  // counter wraps into the high word the phase holds) on, in order, to `to`.
+  void group(uint64_t base, uint8_t* to) const {
     const __m512i low = _mm512_set1_epi32(int32_t(uint32_t(base)));
     __m512i c0 = _mm512_add_epi32(low, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    // A lane whose block index passed a multiple of 2^32 carries into its high word.
-    const __mmask16 carry = _mm512_cmplt_epu32_mask(c0, low);
-    const __m512i high = _mm512_set1_epi32(int32_t(uint32_t(base >> 32)));
-    const __m512i twice_high = _mm512_slli_epi32(_mm512_mask_add_epi32(high, carry, high, _mm512_set1_epi32(1)), 1);
-    __m512i c1 = seq_, c2 = rank_, c3 = _mm512_add_epi32(phase_, twice_high);
+    __m512i c1 = seq_, c2 = rank_, c3 = _mm512_add_epi32(phase_, _mm512_set1_epi32(int32_t(2 * uint32_t(base >> 32))));
     const __m512i m0 = _mm512_set1_epi32(int32_t(0xD2511F53u)), m1 = _mm512_set1_epi32(int32_t(0xCD9E8D57u));
     #pragma GCC unroll 10
     for (int round = 0; round < 10; ++round) {
-      const __m512i hi0 = mulhi_epu32(c0, m0), lo0 = _mm512_mullo_epi32(c0, m0);
-      const __m512i hi1 = mulhi_epu32(c2, m1), lo1 = _mm512_mullo_epi32(c2, m1);
+      __m512i hi0, lo0, hi1, lo1;
+      multiply(c0, m0, lo0, hi0);
+      multiply(c2, m1, lo1, hi1);
       c0 = _mm512_ternarylogic_epi32(hi1, c1, k0_[round], 0x96);  // a ^ b ^ c
       c1 = lo1;
       c2 = _mm512_ternarylogic_epi32(hi0, c3, k1_[round], 0x96);
@@ -180,13 +198,16 @@ class RandomWords256 {
     const __m512i a = _mm512_shuffle_i32x4(u0, u1, 0x44), b = _mm512_shuffle_i32x4(u2, u3, 0x44);  // 0 4 1 5, 2 6 3 7
     const __m512i c = _mm512_shuffle_i32x4(u0, u1, 0xEE), d = _mm512_shuffle_i32x4(u2, u3, 0xEE);  // 8 12 9 13, ...
     _mm512_storeu_si512(to, _mm512_shuffle_i32x4(a, b, 0x88));
-    _mm512_storeu_si512(to + 16, _mm512_shuffle_i32x4(a, b, 0xDD));
-    _mm512_storeu_si512(to + 32, _mm512_shuffle_i32x4(c, d, 0x88));
-    _mm512_storeu_si512(to + 48, _mm512_shuffle_i32x4(c, d, 0xDD));
+    _mm512_storeu_si512(to + 64, _mm512_shuffle_i32x4(a, b, 0xDD));
+    _mm512_storeu_si512(to + 128, _mm512_shuffle_i32x4(c, d, 0x88));
+    _mm512_storeu_si512(to + 192, _mm512_shuffle_i32x4(c, d, 0xDD));
   }
 
   __m512i seq_, rank_, phase_;
   __m512i k0_[10], k1_[10];
+  alignas(64) uint8_t bytes_[512];  // the group group_'s bytes, then group_ + 1's where next_held_
+  uint64_t group_ = 0;
+  bool held_ = false, next_held_ = false;
 };
 
 // stochastic_e2m1_value (stochastic.h) on 16 lanes: the same operations, each exact.
@@ -272,7 +293,7 @@ size_t mx_encode_blocks(const float* src, size_t count, float scale, const MxBlo
   constexpr size_t kBlockBytes = kE2m1 ? kMxBlock / 2 : kMxBlock;
   const Fp8Lanes16 fp8(f.element);
   const Fp8Grid grid(f.element);
-  std::optional<RandomWords256> philox;
+  std::optional<BlockRandomBits256> philox;
   if (dither) philox.emplace(*dither);
   const __m512 s = _mm512_set1_ps(scale), largest = _mm512_set1_ps(f.max);
   const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), finite_top = _mm512_set1_epi32(0x7F7FFFFF);
@@ -506,7 +527,7 @@ void nv_encode_f32(const float* src, size_t count, float scale, float part, floa
   const __m512 s = _mm512_set1_ps(scale);
   const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), finite_top = _mm512_set1_epi32(0x7F7FFFFF);
   uint64_t saturated = 0, nonfinite = 0;
-  std::optional<RandomWords256> philox;
+  std::optional<BlockRandomBits256> philox;
   if (dither) philox.emplace(*dither);
   auto load = [&](size_t b) { return _mm512_mul_ps(_mm512_loadu_ps(src + b * kNvBlock), s); };
   size_t b = 0;

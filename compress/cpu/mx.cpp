@@ -57,7 +57,7 @@ uint8_t encode_block(const float* v, size_t m, const MxBlockFormat& f, MxScale r
   const int x = formats::mx_exponent(amax, f.emax, f.fraction, rule);
   const float inverse = float_of(uint32_t(127 - x) << 23);  // 2^-X: X <= 128 - emax keeps it normal
   size_t saturated = 0;
-  std::optional<RandomWords> random;
+  std::optional<BlockRandomBits> random;
   if (dither) random.emplace(*dither);
   if (f.element == Wire::kMxfp4) {
     std::fill(out, out + bytes, uint8_t(0));

@@ -58,7 +58,7 @@ uint8_t encode_block(const float* v, size_t m, float part, float inverse, uint8_
   const uint8_t code = formats::fp8_code(s, kE4m3);
   const float reciprocal = inverse / scale_value(code);
   size_t saturated = 0;
-  std::optional<RandomWords> random;
+  std::optional<BlockRandomBits> random;
   if (dither) random.emplace(*dither);
   for (size_t j = 0; j < m; ++j) {
     const float q = v[j] * reciprocal;

@@ -64,7 +64,8 @@ void scalar_rotate_f32(const float* src, float* dst, size_t blocks, uint16_t sig
 }  // namespace detail
 
 uint16_t rotation_signs(uint64_t seed) {
-  // A counter no stochastic rounding's bits use (their phase is 0 or 1 below index 2^34).
+  // A counter no stochastic rounding's bits use (their phase is 0 or 1 below index 2^34, 2^36 on the block
+  // wires).
   const Philox4 block = philox4x32_10(0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, static_cast<uint32_t>(seed),
                                       static_cast<uint32_t>(seed >> 32));
   return static_cast<uint16_t>(block.word[0]);

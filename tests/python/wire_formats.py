@@ -103,12 +103,24 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 
 
 def random_bits(first, n, seed, seq, rank, phase):
-    """The random word of elements first..first+n-1: word i % 4 of Philox at
+    """The random word of a 16-bit wire's elements first..first+n-1: word i % 4 of Philox at
     (i // 4 mod 2^32, seq, rank, phase + 2 * (i // 2^34))."""
     index = np.arange(first, first + n, dtype=np.uint64)
     words = philox4x32_10((index >> np.uint64(2)) & np.uint64(_MASK), seq, rank,
                           np.uint64(phase) + np.uint64(2) * (index >> np.uint64(34)), seed & _MASK, seed >> 32)
     return np.choose((index & np.uint64(3)).astype(np.int64), words)
+
+
+def block_random_bits(first, n, seed, seq, rank, phase):
+    """The random bits of a block wire's elements first..first+n-1 (compress/stochastic.h,
+    block_random_bits): byte i % 16 of Philox at (i // 16 mod 2^32, seq, rank, phase + 2 * (i // 2^36)),
+    its words' bytes in little-endian order, as (byte << 24) | 2^23: u = (byte + 1/2) * 2^-8."""
+    index = np.arange(first, first + n, dtype=np.uint64)
+    words = philox4x32_10((index >> np.uint64(4)) & np.uint64(_MASK), seq, rank,
+                          np.uint64(phase) + np.uint64(2) * (index >> np.uint64(36)), seed & _MASK, seed >> 32)
+    word = np.choose(((index >> np.uint64(2)) & np.uint64(3)).astype(np.int64), words)
+    byte = (word >> (np.uint64(8) * (index & np.uint64(3)))) & np.uint64(0xFF)
+    return (byte << np.uint64(24)) | np.uint64(0x800000)
 
 
 def on_grid_sr(t, bits, min_exponent, mantissa_bits):
@@ -242,7 +254,7 @@ def mx_framed_sr(x, wire, pre, seed, seq, rank, phase, first, mx_scale="rceil"):
     """mx_framed with stochastically rounded elements (compress/stochastic.h, stochastic_fp8_value and
     stochastic_e2m1_value): each block's exponent X as mx_blocks chooses it, each element's magnitude
     |v * 2^-X| saturated to L and moved onto its element type's grid (MX_GRID, on_grid_sr) by element
-    first + i's random word (random_bits), decoded as element * 2^X."""
+    first + i's random bits (block_random_bits), decoded as element * 2^X."""
     pre32 = torch.tensor(pre, dtype=torch.float32).item()
     v = x.float() * pre32
     n = v.numel()
@@ -256,7 +268,7 @@ def mx_framed_sr(x, wire, pre, seed, seq, rank, phase, first, mx_scale="rceil"):
     x_exp = codes.double() - 127
     q = (blocks.masked_fill(~finite[:, None], 0).double() * torch.pow(2.0, -x_exp)[:, None]).float().numpy()
     a = np.minimum(np.abs(q), np.float32(MX_LARGEST[wire])).reshape(-1)
-    magnitude = on_grid_sr(a, random_bits(first, padded.numel(), seed, seq, rank, phase), *MX_GRID[wire])
+    magnitude = on_grid_sr(a, block_random_bits(first, padded.numel(), seed, seq, rank, phase), *MX_GRID[wire])
     elements = torch.from_numpy(np.copysign(magnitude.reshape(q.shape), q))
     decoded = elements * torch.pow(2.0, x_exp).float()[:, None]
     return decoded.masked_fill(~finite[:, None], float("nan")).reshape(-1)[:n]
@@ -329,7 +341,7 @@ def nv_framed_sr(x, pre, seed, seq, rank, phase, first):
     """nv_framed with stochastically rounded elements (compress/stochastic.h, stochastic_e2m1_value): the
     block scales as torchao computes them (these are its operations, in its order), each element's
     magnitude min(|q|, 6) moved to the e2m1 value above with probability its distance from the one below
-    over the step between them, by element first + i's random word (random_bits)."""
+    over the step between them, by element first + i's random bits (block_random_bits)."""
     padded = _nv_part(x, pre)
     if padded is None:
         return x.float()
@@ -344,7 +356,7 @@ def nv_framed_sr(x, pre, seed, seq, rank, phase, first):
     spacing = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0))
     steps = a * (1.0 / spacing)
     whole = torch.floor(steps)
-    bits = random_bits(first, padded.numel(), seed, seq, rank, phase)
+    bits = block_random_bits(first, padded.numel(), seed, seq, rank, phase)
     u = torch.from_numpy((bits >> np.uint64(8)).astype(np.float32) * np.float32(2.0**-24)).view(-1, NV_BLOCK)
     magnitude = (whole + (u < steps - whole).float()) * spacing
     decoded = torch.copysign(magnitude, q) * (part * scale)[:, None]

@@ -245,15 +245,15 @@ TEST(CodecMx, StochasticRoundingIsUnbiased) {
 }
 
 // A value past L under FLOOR saturates to L before it is rounded, so stochastic rounding never goes past
-// L (e4m3 has no value above 448 but NaN); each element takes the random word of its own index, across
-// the index 2^34 where the words' counter changes phase.
-TEST(CodecMx, StochasticRoundingSaturatesAndTakesEachIndexsWord) {
+// L (e4m3 has no value above 448 but NaN); each element takes the random bits of its own index
+// (block_random_bits), across the index 2^36 where the blocks' counter changes phase.
+TEST(CodecMx, StochasticRoundingSaturatesAndTakesEachIndexsByte) {
   for (Wire w : kWires) {
     const float largest = mx_largest(w);
     std::vector<float> v(2 * kMxBlock);
     for (size_t i = 0; i < v.size(); ++i) v[i] = largest * (0.45f + 0.55f * float(i % 11) / 10) * (i % 2 ? -1 : 1);
     v[5] = largest * 1.1f;  // FLOOR: X = 0, and 1.1 L saturates
-    const uint64_t first = (uint64_t(1) << 34) - 20;
+    const uint64_t first = (uint64_t(1) << 36) - 20;
     const Dither dither = contribution_dither(0x1234567890ABCDEFull, 9, 3);
     std::vector<uint8_t> bytes(mx_bytes(v.size(), w));
     mx_encode(v.data(), v.size(), v.size(), 1.0f, w, MxScale::kFloor, bytes.data(), dither, first);
@@ -263,20 +263,20 @@ TEST(CodecMx, StochasticRoundingSaturatesAndTakesEachIndexsWord) {
     for (size_t i = 0; i < v.size(); ++i) {
       const int x = int(bytes[i / kMxBlock]) - 127;
       const float a = std::min(std::fabs(std::ldexp(v[i], -x)), largest);
-      const uint32_t random = random_bits(dither, first + i);
+      const uint32_t random = block_random_bits(dither, first + i);
       const float magnitude = w == Wire::kMxfp4 ? stochastic_e2m1_value(a, random)
                                                 : stochastic_fp8_value(a, random, w == Wire::kMxfp8 ? Wire::kE4m3
                                                                                                      : Wire::kE5m2);
       EXPECT_EQ(decoded[i], std::ldexp(std::copysign(magnitude, v[i]), x))
-          << wire_name(w) << " element " << i << " (index 2^34 - 20 + " << i << ")";
+          << wire_name(w) << " element " << i << " (index 2^36 - 20 + " << i << ")";
     }
   }
 }
 
 // The vector kernels round stochastically as the scalar ones do, bit for bit (their Philox on 8 or 16 lanes
 // and each element type's rounding), for every kind of values, both rules, from indices that are and are
-// not a multiple of 4, and across the index 2^34, where a block counter's low word wraps and the phase
-// word changes within one vector of counters (8 or 16).
+// not a multiple of 16 (a Philox block) or of a vector group's 128 or 256 elements, and across the index
+// 2^36, where the block counter's low word wraps and the phase word changes.
 TEST(CodecMx, StochasticEncodingIsTheScalarKernelsBitForBit) {
   const PathGuard guard;
   if (vector_paths().empty()) GTEST_SKIP() << "this processor has no vector path";
@@ -285,7 +285,7 @@ TEST(CodecMx, StochasticEncodingIsTheScalarKernelsBitForBit) {
     for (MxScale rule : kRules) {
       for (size_t n : {size_t(33), size_t(1000), size_t(4113)}) {
         for (const auto& [kind, v] : kinds(w, n)) {
-          for (uint64_t first : {uint64_t(0), uint64_t(1), uint64_t(3), (uint64_t(1) << 34) - 77}) {
+          for (uint64_t first : {uint64_t(0), uint64_t(1), uint64_t(3), uint64_t(48), (uint64_t(1) << 36) - 77}) {
             const std::string what = name(w, rule, kind, n) + " first=" + std::to_string(first);
             auto encoded_on = [&](CpuPath path) {
               set_cpu_path(path);
@@ -310,8 +310,8 @@ TEST(CodecMx, StochasticEncodingIsTheScalarKernelsBitForBit) {
 
 // An element whose fraction f above the grid equals its u exactly rounds down (up only when u < f), on
 // every path and wire: each element is u times the grid's step at the smallest values (e4m3 2^-9, e5m2
-// 2^-16, e2m1 0.5) for its own word's u, so that q / step = u, in blocks whose first value L gives X = 0,
-// from starts that are and are not a multiple of 4.
+// 2^-16, e2m1 0.5) for its own bits' u, so that q / step = u, in blocks whose first value L gives X = 0,
+// from starts that are and are not a multiple of 16.
 TEST(CodecMx, AnElementAtItsThresholdRoundsDown) {
   const PathGuard guard;
   const std::vector<CpuPath> paths = testing::all_paths();
@@ -321,12 +321,10 @@ TEST(CodecMx, AnElementAtItsThresholdRoundsDown) {
     const int step = w == Wire::kMxfp8 ? -9 : w == Wire::kMxfp8E5m2 ? -16 : -1;
     for (uint64_t first : {uint64_t(0), uint64_t(6)}) {
       std::vector<float> v(kBlocks * kMxBlock);
-      size_t nonzero = 0;
       for (size_t i = 0; i < v.size(); ++i) {
-        v[i] = i % kMxBlock == 0 ? mx_largest(w) : std::ldexp(float(random_bits(dither, first + i) >> 8), step - 24);
-        nonzero += i % kMxBlock && v[i] != 0.0f;
+        v[i] = i % kMxBlock == 0 ? mx_largest(w)
+                                 : std::ldexp(float(block_random_bits(dither, first + i) >> 8), step - 24);
       }
-      ASSERT_GT(nonzero, v.size() / 2) << "the words' u are not all 0";
       for (CpuPath path : paths) {
         set_cpu_path(path);
         std::vector<uint8_t> bytes(mx_bytes(v.size(), w));

@@ -209,15 +209,15 @@ TEST(CodecNvfp4, StochasticRoundingIsUnbiased) {
 
 // The vector kernels round stochastically as the scalar one does, bit for bit (their Philox on 8 or 16
 // lanes and the rounding's operations), for every kind of values, from indices that are and are not a
-// multiple of 4, and across the index 2^34, where a block counter's low word wraps and the phase word
-// changes, within one vector of counters (8 or 16).
+// multiple of 16 (a Philox block) or of a vector group's 128 or 256 elements, and across the index 2^36,
+// where the block counter's low word wraps and the phase word changes.
 TEST(CodecNvfp4, StochasticEncodingIsTheScalarKernelsBitForBit) {
   const PathGuard guard;
   if (vector_paths().empty()) GTEST_SKIP() << "this processor has no vector path";
   const Dither dither = contribution_dither(0xFEDCBA9876543210ull, 4, 2);
   for (size_t n : {size_t(17), size_t(1000), size_t(4113)}) {
     for (const auto& [kind, v] : kinds(n)) {
-      for (uint64_t first : {uint64_t(0), uint64_t(1), uint64_t(3), (uint64_t(1) << 34) - 77}) {
+      for (uint64_t first : {uint64_t(0), uint64_t(1), uint64_t(3), uint64_t(48), (uint64_t(1) << 36) - 77}) {
         const std::string what = kind + " n=" + std::to_string(n) + " first=" + std::to_string(first);
         auto encoded_on = [&](CpuPath path) {
           set_cpu_path(path);
@@ -235,23 +235,23 @@ TEST(CodecNvfp4, StochasticEncodingIsTheScalarKernelsBitForBit) {
   }
 }
 
-// Each element takes the random word of its own index (compress/stochastic.h, random_bits), across the
-// index 2^34 where the words' counter changes phase: the run's elements from index 2^34 - 20 on, each
-// against stochastic_e2m1_value of its word. P = 1 and S = 1 as above, so each element's q is its value.
-TEST(CodecNvfp4, StochasticRoundingTakesEachIndexsWord) {
+// Each element takes the random bits of its own index (compress/stochastic.h, block_random_bits), across
+// the index 2^36 where the blocks' counter changes phase: the run's elements from index 2^36 - 20 on, each
+// against stochastic_e2m1_value of its bits. P = 1 and S = 1 as above, so each element's q is its value.
+TEST(CodecNvfp4, StochasticRoundingTakesEachIndexsByte) {
   std::vector<float> v(48, 0.0f);
   v[0] = 2688.0f;
   for (size_t i = 16; i < 48; ++i) v[i] = i % 16 == 0 ? 6.0f : float(i % 7) * 0.7f * (i % 3 ? 1.0f : -1.0f);
-  const uint64_t first = (uint64_t(1) << 34) - 20;
+  const uint64_t first = (uint64_t(1) << 36) - 20;
   const Dither dither = contribution_dither(0x1234567890ABCDEFull, 9, 3);
   std::vector<uint8_t> bytes(nv_bytes(v.size()));
   nv_encode(v.data(), v.size(), v.size(), 1.0f, nv_part_scale(v.data(), v.size(), 1.0f), bytes.data(), dither, first);
   const uint8_t* elements = bytes.data() + v.size() / kNvBlock;
   for (size_t i = 16; i < v.size(); ++i) {
     const float a = std::fabs(v[i]);
-    const float value = stochastic_e2m1_value(std::min(a, 6.0f), random_bits(dither, first + i));
+    const float value = stochastic_e2m1_value(std::min(a, 6.0f), block_random_bits(dither, first + i));
     const uint8_t code = uint8_t((std::signbit(v[i]) ? 8 : 0) | formats::e2m1_code(value));
-    EXPECT_EQ((elements[i / 2] >> (i % 2 * 4)) & 0xF, code) << "element " << i << " (index 2^34 - 20 + " << i << ")";
+    EXPECT_EQ((elements[i / 2] >> (i % 2 * 4)) & 0xF, code) << "element " << i << " (index 2^36 - 20 + " << i << ")";
   }
 }
 
@@ -290,8 +290,8 @@ TEST(CodecNvfp4, ValuesFromSevenOnAreCountedAsSaturated) {
 }
 
 // An element whose fraction f above the grid equals its u exactly rounds down (up only when u < f), on
-// every path: each element is u / 2 for its own word's u (spacing 0.5 below 2, so q = u and f = u), in
-// blocks with S = 1 under P = 1, from starts that are and are not a multiple of 4.
+// every path: each element is u / 2 for its own bits' u (spacing 0.5 below 2, so q = u and f = u), in
+// blocks with S = 1 under P = 1, from starts that are and are not a multiple of 16.
 TEST(CodecNvfp4, AnElementAtItsThresholdRoundsDown) {
   const PathGuard guard;
   const std::vector<CpuPath> paths = testing::all_paths();
@@ -300,11 +300,8 @@ TEST(CodecNvfp4, AnElementAtItsThresholdRoundsDown) {
   for (uint64_t first : {uint64_t(0), uint64_t(6)}) {
     std::vector<float> v(kBlocks * kNvBlock);
     for (size_t i = 0; i < v.size(); ++i) {
-      v[i] = i % kNvBlock == 0 ? 6.0f : float(random_bits(dither, first + i) >> 8) * 0x1p-25f;
+      v[i] = i % kNvBlock == 0 ? 6.0f : float(block_random_bits(dither, first + i) >> 8) * 0x1p-25f;
     }
-    size_t nonzero = 0;
-    for (size_t i = 0; i < v.size(); ++i) nonzero += i % kNvBlock && v[i] != 0.0f;
-    ASSERT_GT(nonzero, v.size() / 2) << "the words' u are not all 0";
     for (CpuPath path : paths) {
       set_cpu_path(path);
       std::vector<uint8_t> bytes(nv_bytes(v.size()));

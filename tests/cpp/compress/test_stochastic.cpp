@@ -54,6 +54,53 @@ TEST(Philox, KnownAnswers) {
   }
 }
 
+// A block wire's element takes one byte of a Philox block (block_random_bits): sixteen elements a block,
+// its words' bytes low first, checked on two of the known answers above (index 0 on, and the last block
+// below 2^36, whose counter is all ones with phase 0xFFFFFFFF), each byte as the top of its bits with
+// 2^23 below it.
+TEST(Stochastic, BlockBitsAreTheBytesOfAPhiloxBlockInOrder) {
+  struct Case {
+    Dither dither;
+    uint64_t first;
+    uint32_t words[4];
+  };
+  const Case cases[] = {
+      {Dither{0, 0, 0, 0}, 0, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+      {Dither{~uint64_t(0), 0xffffffffu, 0xffffffffu, 0xffffffffu}, (uint64_t(1) << 36) - 16,
+       {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+  };
+  for (const Case& c : cases) {
+    for (uint64_t j = 0; j < 16; ++j) {
+      const uint32_t byte = c.words[j / 4] >> (8 * (j % 4)) & 0xFF;
+      EXPECT_EQ(block_random_bits(c.dither, c.first + j), byte << 24 | 0x800000u) << "element " << c.first + j;
+    }
+  }
+}
+
+// With 8 random bits an element, the block wires' rounding goes up with probability within 2^-9 of the
+// fraction f it lies above the grid (u = (b + 1/2) * 2^-8 over the 256 bytes b): the mean over every byte
+// of each rounding lies within s / 512 of the value, s its step, for values across every e2m1 and e4m3
+// step (bytes alone, u = b * 2^-8, would miss by up to s / 256).
+TEST(Stochastic, BlockRoundingIsUnbiasedToHalfAByte) {
+  auto worst = [](auto round, auto step, double from, double to) {
+    double excess = 0;
+    for (int k = 0; k < 4000; ++k) {
+      const float a = float(from + (to - from) * (k + 0.37) / 4000);
+      double mean = 0;
+      for (uint32_t b = 0; b < 256; ++b) mean += double(round(a, rounding_bits_of_byte(b))) / 256;
+      excess = std::max(excess, std::fabs(mean - double(a)) / (step(a) / 512));
+    }
+    return excess;
+  };
+  const double e2m1 = worst([](float a, uint32_t r) { return stochastic_e2m1_value(a, r); },
+                            [](float a) { return a < 2 ? 0.5 : a < 4 ? 1.0 : 2.0; }, 0.0, 6.0);
+  EXPECT_LE(e2m1, 1.0) << "e2m1: the mean misses by " << e2m1 << " s/512";
+  const double e4m3 = worst([](float a, uint32_t r) { return stochastic_fp8_value(a, r, Wire::kE4m3); },
+                            [](float a) { return std::ldexp(1.0, std::max(int(std::floor(std::log2(a))), -6) - 3); },
+                            0x1p-9, 448.0);
+  EXPECT_LE(e4m3, 1.0) << "e4m3: the mean misses by " << e4m3 << " s/512";
+}
+
 TEST(Stochastic, CastMatchesTheOracleForEveryMagnitude) {
   std::mt19937 rng(7);
   const Dither d{0x1234'5678'9abc'def0ull, 5, 2, kContribution};
