@@ -564,7 +564,8 @@ void nv_encode_f32(const float* src, size_t count, float scale, float part, floa
       }
       const __m512 q = _mm512_mul_ps(v, _mm512_set1_ps(reciprocals[j]));
       const __m512 a = _mm512_abs_ps(q);
-      saturated += __builtin_popcount(_mm512_cmp_ps_mask(a, _mm512_set1_ps(7.0f), _CMP_GE_OQ));
+      // Only a census reads the count: counting without one cost 8% of the encode's time.
+      if (census) saturated += __builtin_popcount(_mm512_cmp_ps_mask(a, _mm512_set1_ps(7.0f), _CMP_GE_OQ));
       __m512 clamped = _mm512_min_ps(a, _mm512_set1_ps(6.0f));
       if (philox) clamped = stochastic_e2m1(clamped, _mm512_load_si512(random + j * kNvBlock));
       const __m512i c = Fp8Lanes16::with_bit(e2m1.codes_in_range(clamped), _mm512_castps_si512(q), 28, 0x8);
