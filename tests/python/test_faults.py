@@ -94,7 +94,8 @@ def test_sigkilled_between_collectives(world_size, victim, engine):
 # Allreduce of 4 MiB in chunks: the 38th step is inside an allreduce: the third at 2 ranks (17 steps
 # each with its broadcast: ranks that spin take 128 KiB chunks), the seventh at 3 ranks (6 steps) and
 # the eighth at 4 (5 steps: ranks that share cores fill 512 KiB slots); over UCX alone the 5th large
-# send is inside the third allreduce (its chunks to the owners, 2 each at 2 ranks).
+# send is inside the first allreduce (fp16 on the wire: at 2 ranks 4 chunks of 256 KiB to the owner and 4
+# results, interleaved).
 @pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 0), (4, 2)])
 @pytest.mark.parametrize("engine,hook", [("shm", (SHM_STEP, 38)), ("ucx", (LARGE_SEND, 5))])
 def test_sigkilled_during_an_allreduce(world_size, victim, engine, hook):
@@ -123,7 +124,7 @@ def test_sigkilled_during_an_allreduce_on_the_callers_thread(world_size, victim)
 # Allreduces in power-of-two frames (4 MiB of fp32, fp16 frames): pieces through shared memory on one
 # host, an all-to-all of chunks pipelined over UCX alone. The kill lands inside the first allreduce
 # (the 5th shared-memory step: at least 8 per allreduce here, more where ranks spin on cores of their
-# own) or inside the second (the 3rd large UCX send: one chunk each way per ring).
+# own, or the 3rd large UCX send: 4 chunks of 256 KiB to the owner at 2 ranks).
 @pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 0), (4, 2)])
 @pytest.mark.parametrize("engine,hook", [("shm", (SHM_STEP, 5)), ("ucx", (LARGE_SEND, 3))])
 def test_sigkilled_during_an_allreduce_in_frames(world_size, victim, engine, hook):
@@ -132,10 +133,11 @@ def test_sigkilled_during_an_allreduce_in_frames(world_size, victim, engine, hoo
 
 # ... and with the tensor kept as it was until the last frame is in: kills late enough that without
 # CNCCL_UNTOUCHED_ON_FAILURE the survivors' tensors are partly written (on this 2-core machine: the
-# shared-memory step count depends on whether ranks have cores of their own, the UCX one does not).
+# shared-memory step count depends on whether ranks have cores of their own, the UCX one does not: at 2
+# ranks the 13th large send is the second allreduce's 5th, 8 a call; at 4 the 10th is the first's, of 12).
 @pytest.mark.parametrize("world_size,victim,engine,hook", [(4, 2, "shm", (SHM_STEP, 6)),
-                                                           (2, 1, "ucx", (LARGE_SEND, 4)),
-                                                           (4, 2, "ucx", (LARGE_SEND, 5))])
+                                                           (2, 1, "ucx", (LARGE_SEND, 13)),
+                                                           (4, 2, "ucx", (LARGE_SEND, 10))])
 @pytest.mark.parametrize("untouched", [True, False], ids=["untouched", "control"])
 def test_sigkilled_during_an_allreduce_in_frames_that_leaves_its_tensor_untouched(world_size, victim, engine, hook,
                                                                                   untouched):

@@ -412,7 +412,7 @@ def stochastic_rounding_equals_its_emulation(ctx):
 @case(only=(lambda world, engine: world == 2 and engine != "gloo",
              "parts of many chunks (gloo sends a part whole); one world size is enough for the offsets"))
 def stochastic_rounding_across_chunks_equals_its_emulation(ctx):
-    """Parts of 1.2M values (over UCX more than one 1 MiB chunk of mxfp8; through shared memory several
+    """Parts of 1.2M values (over UCX more than one 256 KiB chunk of mxfp8; through shared memory several
     pieces): each chunk's elements take the bits of their own index in the tensor, a contribution's and an
     owner's sums' alike, and reduce_scatter's."""
     g = sr_group("mxfp8", 13)

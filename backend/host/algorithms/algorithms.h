@@ -106,7 +106,7 @@ struct ChunkedReduction {
   // kAll: where set, results go here chunk by chunk (an allreduce restoring into the caller's
   // tensor), instead of to `out`.
   ChunkConsume consume = nullptr;
-  // reduce_chunked: the bytes of a chunk's piece (0: 1 MiB). Smaller chunks leave less of the first
+  // reduce_chunked: the bytes of a chunk's piece (0: 256 KiB). Smaller chunks leave less of the first
   // chunk's produce and the last one's consume unoverlapped, for more messages.
   size_t chunk_bytes = 0;
 };

@@ -12,7 +12,9 @@ namespace {
 // A chunk's pieces are about this large: big enough that a message's own cost is small beside its
 // bytes, small enough that the first chunk's cast and the last one's restore, which nothing
 // overlaps, are short. At most kMaxChunks a part, so a part's messages fit below kSecondPhase.
-constexpr size_t kChunkBytes = size_t(1) << 20;
+// 256 KiB, as the levels' chunks (kLevelChunkBytes): over a shaped link 1 MiB left up to a tenth of
+// a 16 MiB call unoverlapped, and no size ran slower for the smaller pieces (docs/benchmarks.md).
+constexpr size_t kChunkBytes = size_t(256) << 10;
 constexpr size_t kMaxChunks = 64;
 
 // Units a chunk takes of each part, for parts of at most `longest` units of `elem` bytes, in pieces of

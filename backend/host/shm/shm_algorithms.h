@@ -20,9 +20,9 @@ void reduce_shm(ShmComm& shm, const ChunkedReduction& reduction);
 // on every host over `across` (reduce_chunked, their chunks added with `reduce` in host order), then
 // allgathered through shared memory, the three a chunk at a time.
 void allreduce_hierarchical(ShmComm& shm, Comm& across, const ChunkedReduction& local, const Reducer& reduce);
-// Chunks across hosts where levels pipeline (the hierarchical allreduce, a wire per level): a quarter of
-// reduce_chunked's default, so that at 64 MiB an owner's part goes in about 16 and the first chunk's
-// level 1 and the last one's restore, which nothing overlaps, are short.
+// Chunks across hosts where levels pipeline (the hierarchical allreduce, a wire per level), as
+// reduce_chunked's default: at 64 MiB an owner's part goes in about 16, and the first chunk's level 1
+// and the last one's restore, which nothing overlaps, are short.
 constexpr size_t kLevelChunkBytes = size_t(256) << 10;
 // Through shared memory (copy_shm.cpp): as allgather_ring, and as broadcast_direct. allgather_shm's
 // `produce` writes this rank's piece of each chunk into its slot (data is not read then), and its
