@@ -195,6 +195,11 @@ def worker(rank, world, port, steps, long_steps, out):
     dist.destroy_process_group()
 
 
+def run_lengths(steps, long_steps):
+    """The runs' step counts: `steps`, then `long_steps` unless it is 0 (no long runs) or the same."""
+    return (steps,) if not long_steps or long_steps == steps else (steps, long_steps)
+
+
 def seeds_worker(rank, world, port, seeds, steps, long_steps, out):
     """MATRIX's distances from gloo fp32 for each seed, DDP and FSDP2, after `steps` and `long_steps`:
     {"seed|kind|steps|name": distance}, from rank 0."""
@@ -207,7 +212,7 @@ def seeds_worker(rank, world, port, seeds, steps, long_steps, out):
         groups = {name: dist.new_group(backend="cnccl", pg_options=cnccl.Options(min_bytes=0, sr_seed=seed, **fields))
                   for name, fields in MATRIX.items()}
         for kind, train in (("DDP", train_ddp), ("FSDP2", train_fsdp2)):
-            for n in (steps, long_steps):
+            for n in run_lengths(steps, long_steps):
                 reference = train(dist.group.WORLD, n, rank, seed=seed)
                 for name, g in groups.items():
                     results[f"{seed}|{kind}|{n}|{name}"] = distance(train(g, n, rank, seed=seed), reference)
@@ -225,7 +230,7 @@ def print_seeds(results, seeds, steps, long_steps):
           "its ratio to mxfp8's (mean [min, max] over the seeds)")
     goals = []
     for kind in ("DDP", "FSDP2"):
-        for n in (steps, long_steps):
+        for n in run_lengths(steps, long_steps):
             print(f"{kind} {n} steps")
             ratios = {}
             for name in MATRIX:
@@ -255,7 +260,7 @@ def levels_worker(steps, long_steps, out):
     levels = {name: cnccl.config(g)["wire_levels"] for name, g in groups.items()}
     results = {}
     for kind, train in (("DDP", train_ddp), ("FSDP2", train_fsdp2)):
-        for n in (steps, long_steps):
+        for n in run_lengths(steps, long_steps):
             reference = train(dist.group.WORLD, n, rank)
             for name, g in groups.items():
                 results[f"{kind}|{n}|{name}"] = distance(train(g, n, rank), reference)
@@ -351,19 +356,18 @@ def main():
     if args.levels_worker:
         return levels_worker(args.steps, args.long_steps, args.levels_worker)
     if args.seeds:
-        long_steps = args.long_steps or args.steps
-        results = spawn(seeds_worker, args.ranks, args.seeds, args.steps, long_steps)
-        print_seeds(results, args.seeds, args.steps, long_steps)
+        results = spawn(seeds_worker, args.ranks, args.seeds, args.steps, args.long_steps)
+        print_seeds(results, args.seeds, args.steps, args.long_steps)
         noise = gaussian_errors()
         print("\none encoding of 2^20 Gaussian values: relative L2 error, and its ratio to mxfp8's")
         for name, e in noise.items():
             print(f"{'':8}{name:24}{e:12.3e}{e / noise['mxfp8']:9.2f}x")
-        return save_json({"ranks": args.ranks, "seeds": args.seeds, "steps": args.steps, "long_steps": long_steps,
+        return save_json({"ranks": args.ranks, "seeds": args.seeds, "steps": args.steps, "long_steps": args.long_steps,
                           "matrix": results, "gaussian_errors": noise},
                          args.json.replace("accuracy.json", "accuracy_seeds.json"))
-    levels = None if args.no_levels else run_levels(args.steps, args.long_steps or args.steps)
+    levels = None if args.no_levels else run_levels(args.steps, args.long_steps)
     if levels:
-        print_levels(levels, args.steps, args.long_steps or args.steps)
+        print_levels(levels, args.steps, args.long_steps)
     if args.levels_only:
         return save_json({"steps": args.steps, "long_steps": args.long_steps, "levels": levels}, args.json)
     results, long = spawn(worker, args.ranks, args.steps, args.long_steps)
@@ -396,7 +400,7 @@ def main():
         print(f"goal: {what} = {got:.3f} (<= {goal}): {'met' if got <= goal else 'not met'}")
     four_bit_goals(results, long, args.steps, args.long_steps)
     if levels:
-        print_levels(levels, args.steps, args.long_steps or args.steps)
+        print_levels(levels, args.steps, args.long_steps)
     save_json({"ranks": args.ranks, "steps": args.steps, "distance": results, "long_steps": args.long_steps,
                "long": long, "block_errors": blocks, "levels": levels}, args.json)
 
@@ -419,17 +423,17 @@ def four_bit_goals(results, long, steps, long_steps):
 def print_levels(levels, steps, long_steps):
     wires = "; ".join(f"{n}: {w}" for n, w in levels["levels"].items())
     print(f"\na wire per level, 2 hosts x 2 ranks: relative L2 distance from the fp32 gloo run ({wires})")
-    print(f"{'':8}{'run':38}" + "".join(f"{f'{n} steps':>14}{'vs mxfp8':>10}" for n in (steps, long_steps)))
+    print(f"{'':8}{'run':38}" + "".join(f"{f'{n} steps':>14}{'vs mxfp8':>10}" for n in run_lengths(steps, long_steps)))
     d = levels["distance"]
     for kind in ("DDP", "FSDP2"):
         for name in LEVEL_RUNS:
             cells = ""
-            for n in (steps, long_steps):
+            for n in run_lengths(steps, long_steps):
                 value, base = d[f"{kind}|{n}|{name}"], d[f"{kind}|{n}|{MXFP8_EVERYWHERE}"]
                 cells += f"{value:14.3e}{value / base:9.2f}x"
             print(f"{kind:8}{name:38}{cells}")
     name, limit = LEVEL_GOAL
-    for n in (steps, long_steps):
+    for n in run_lengths(steps, long_steps):
         ratio = d[f"DDP|{n}|{name}"] / d[f"DDP|{n}|{MXFP8_EVERYWHERE}"]
         print(f"goal: DDP {name} distance / mxfp8 everywhere's after {n} steps = {ratio:.2f} (<= {limit:g}): "
               f"{'met' if ratio <= limit else 'not met'}")
