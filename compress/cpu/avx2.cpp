@@ -474,9 +474,7 @@ inline void multiply(__m256i a, __m256i m, __m256i& lo, __m256i& hi) {
 }
 
 // block_random_bits(dither, index + i) for i in [0, 128) (stochastic.h): Philox4x32-10 on 8 lanes, a block
-// counter a lane, the round keys broadcast once for every call. A group is 8 blocks, the bytes of 128
-// elements from a multiple of 128 on; the groups a call took stay for the next, so a run that starts
-// elsewhere costs no more groups than one that starts there.
+// counter a lane, the round keys broadcast once for every call, in groups of 8 blocks (RandomByteGroups).
 class BlockRandomBits128 {
  public:
   explicit BlockRandomBits128(const Dither& d)
@@ -492,24 +490,9 @@ class BlockRandomBits128 {
   }
 
   void operator()(uint64_t index, uint32_t* out) {
-    const uint64_t g = index >> 7;
-    const size_t skip = index & 127;
-    if (!held_ || g != group_) {
-      if (held_ && next_held_ && g == group_ + 1) {
-        __builtin_memcpy(bytes_, bytes_ + 128, 128);
-      } else {
-        group(g << 3, bytes_);
-      }
-      group_ = g;
-      held_ = true;
-      next_held_ = false;
-    }
-    if (skip && !next_held_) {
-      group((g + 1) << 3, bytes_ + 128);
-      next_held_ = true;
-    }
+    const uint8_t* bytes = groups_.window(index, [this](uint64_t block, uint8_t* to) { group(block, to); });
     for (int c = 0; c < 16; ++c) {
-      const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes_ + skip + 8 * c)));
+      const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + 8 * c)));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * c),
                           _mm256_or_si256(_mm256_slli_epi32(b, 24), _mm256_set1_epi32(0x800000)));
     }
@@ -547,9 +530,7 @@ class BlockRandomBits128 {
 
   __m256i seq_, rank_, phase_;
   __m256i k0_[10], k1_[10];
-  alignas(32) uint8_t bytes_[256];  // the group group_'s bytes, then group_ + 1's where next_held_
-  uint64_t group_ = 0;
-  bool held_ = false, next_held_ = false;
+  RandomByteGroups<128> groups_;
 };
 
 // stochastic_e2m1_value (stochastic.h) on 8 lanes: the same operations, each exact.

@@ -123,9 +123,7 @@ inline __m512i lane_maxima(__m512i* m) {
 // --- Stochastic rounding (stochastic.h) on 16 lanes.
 
 // block_random_bits(dither, index + i) for i in [0, 256) (stochastic.h): Philox on 16 lanes, a block
-// counter a lane, as cpu/avx2.cpp's BlockRandomBits128. A group is 16 blocks, the bytes of 256 elements
-// from a multiple of 256 on; the groups a call took stay for the next, so a run that starts elsewhere
-// costs no more groups than one that starts there.
+// counter a lane, as cpu/avx2.cpp's BlockRandomBits128, in groups of 16 blocks (RandomByteGroups).
 class BlockRandomBits256 {
  public:
   explicit BlockRandomBits256(const Dither& d)
@@ -141,24 +139,9 @@ class BlockRandomBits256 {
   }
 
   void operator()(uint64_t index, uint32_t* out) {
-    const uint64_t g = index >> 8;
-    const size_t skip = index & 255;
-    if (!held_ || g != group_) {
-      if (held_ && next_held_ && g == group_ + 1) {
-        __builtin_memcpy(bytes_, bytes_ + 256, 256);
-      } else {
-        group(g << 4, bytes_);
-      }
-      group_ = g;
-      held_ = true;
-      next_held_ = false;
-    }
-    if (skip && !next_held_) {
-      group((g + 1) << 4, bytes_ + 256);
-      next_held_ = true;
-    }
+    const uint8_t* bytes = groups_.window(index, [this](uint64_t block, uint8_t* to) { group(block, to); });
     for (int c = 0; c < 16; ++c) {
-      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes_ + skip + 16 * c)));
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 16 * c)));
       _mm512_storeu_si512(out + 16 * c, _mm512_or_si512(_mm512_slli_epi32(b, 24), _mm512_set1_epi32(0x800000)));
     }
   }
@@ -205,9 +188,7 @@ class BlockRandomBits256 {
 
   __m512i seq_, rank_, phase_;
   __m512i k0_[10], k1_[10];
-  alignas(64) uint8_t bytes_[512];  // the group group_'s bytes, then group_ + 1's where next_held_
-  uint64_t group_ = 0;
-  bool held_ = false, next_held_ = false;
+  RandomByteGroups<256> groups_;
 };
 
 // stochastic_e2m1_value (stochastic.h) on 16 lanes: the same operations, each exact.

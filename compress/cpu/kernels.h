@@ -129,6 +129,43 @@ inline float float_of(uint32_t u) {
   return f;
 }
 
+// The block wires' random bytes (stochastic.h, block_random_bits) as the vector generators make them, a
+// group of kGroup elements (kGroup / 16 Philox blocks) from a multiple of kGroup on: window() gives the
+// bytes of elements [index, index + kGroup), keeping the groups it made for the next call, so that a run
+// of calls that starts mid-group makes each group once.
+template <size_t kGroup>
+class RandomByteGroups {
+ public:
+  // fill(block, to): the kGroup bytes of the Philox blocks from block index `block` (a multiple of
+  // kGroup / 16) on, in order, to `to`.
+  template <typename Fill>
+  const uint8_t* window(uint64_t index, const Fill& fill) {
+    constexpr uint64_t kBlocks = kGroup / 16;
+    const uint64_t g = index / kGroup;
+    const size_t skip = index % kGroup;
+    if (!held_ || g != group_) {
+      if (held_ && next_held_ && g == group_ + 1) {
+        std::memcpy(bytes_, bytes_ + kGroup, kGroup);
+      } else {
+        fill(g * kBlocks, bytes_);
+      }
+      group_ = g;
+      held_ = true;
+      next_held_ = false;
+    }
+    if (skip && !next_held_) {
+      fill((g + 1) * kBlocks, bytes_ + kGroup);
+      next_held_ = true;
+    }
+    return bytes_ + skip;
+  }
+
+ private:
+  alignas(64) uint8_t bytes_[2 * kGroup];  // group group_'s bytes, then group_ + 1's where next_held_
+  uint64_t group_ = 0;
+  bool held_ = false, next_held_ = false;
+};
+
 // Scalar conversions shared by the vector kernels' tails.
 uint16_t f32_to_fp16(float f);
 uint16_t f32_to_bf16(float f);
