@@ -308,7 +308,7 @@ float nv_header(const uint8_t* frame, int64_t sender) {
   float part;
   std::memcpy(&part, frame, sizeof part);
   // Only this code writes frames: compress::nv_part_scale's values lie in [2^-120, FLT_MAX / 2688].
-  if (!(part >= compress::nv_part_scale(0.0f) && part <= compress::nv_part_scale(FLT_MAX))) {
+  if (!compress::formats::nv_part_is_valid(part)) {
     throw errors::backend_error("cnccl: the NVFP4 frame from rank " + std::to_string(sender) +
                                 " carries the part scale " + std::to_string(part) + ", outside [2^-120, 2^128 / 2688]: " +
                                 "the peer sent corrupt data or runs another version of cnccl");

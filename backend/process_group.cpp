@@ -172,14 +172,6 @@ void ProcessGroupCNCCL::refuse_unsupported_reduction(const at::Tensor& t, const 
   TORCH_CHECK_VALUE(!(wide && t.is_cuda() && config_.rotation == Rotation::kHadamard), "cnccl ", op,
                     ": rotation=hadamard (CNCCL_ROTATION / Options.rotation) runs on the host path only, so far: ",
                     "CUDA tensors' reductions cannot use it");
-  TORCH_CHECK_VALUE(!(wide && t.is_cuda() && config_.wire == compress::Wire::kNvfp4), "cnccl ", op,
-                    ": wire_dtype=nvfp4 (CNCCL_WIRE_DTYPE / Options.wire_dtype) has CPU kernels only, so far: CUDA ",
-                    "tensors' reductions cannot use it. Use mxfp4 for a 4-bit wire on CUDA tensors");
-  TORCH_CHECK_VALUE(!(wide && t.is_cuda() && config_.wire && compress::is_mx(*config_.wire) &&
-                      config_.rounding == Rounding::kStochastic),
-                    "cnccl ", op, ": rounding=sr (CNCCL_ROUNDING / Options.rounding) on wire_dtype=", config_.wire_name(),
-                    " has CPU kernels only, so far: CUDA tensors' reductions cannot use it. Use rounding=rne on CUDA ",
-                    "tensors, or rounding=sr with a 16-bit wire_dtype");
 }
 
 c10d::Backend& ProcessGroupCNCCL::reducing_path_for(const at::Tensor& t, const char* op) {

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "compress/codec.h"
+#include "compress/stochastic.h"
 
 namespace cnccl::compress::formats {
 
@@ -151,6 +152,83 @@ CNCCL_HOST_DEVICE float overflow_limit(Wire w) {
 
 // Whether |v| is finite (NaN is not).
 CNCCL_HOST_DEVICE bool finite(float v) { return (bits_of(v) & 0x7FFFFFFFu) < kInfinity; }
+
+// --- NVFP4 blocks (codec.h, nv_encode): the operations a block's encoding and decoding are made of, in
+// torchao's order, each an fp32 operation rounded to nearest.
+
+constexpr Fp8 kNvScaleFormat{3, 7, 0x7F};  // e4m3, its NaN the code of a block that is not finite
+constexpr uint8_t kNvNanScale = 0x7F;
+
+CNCCL_HOST_DEVICE size_t nv_blocks(size_t count) { return (count + kNvBlock - 1) / kNvBlock; }
+CNCCL_HOST_DEVICE size_t nv_element_bytes(size_t count) { return (count + 1) / 2; }
+
+// P = max(fl(amax / 2688), 2^-120), amax the part's largest finite |v|.
+CNCCL_HOST_DEVICE float nv_part_scale_of(float amax) {
+  const float part = amax / 2688.0f, smallest = float_of(7u << 23);
+  return part < smallest ? smallest : part;
+}
+
+// Whether `part` is a P that nv_part_scale_of gives: [2^-120, FLT_MAX / 2688]. Anything else in a frame's
+// header is corrupt.
+CNCCL_HOST_DEVICE bool nv_part_is_valid(float part) {
+  return part >= float_of(7u << 23) && part <= nv_part_scale_of(float_of(0x7F7FFFFFu));
+}
+
+// A finite block's scale code, from the bits of its largest |v|: e4m3(clamp(fl(fl(m / 6) / P), 2^-6, 448)).
+CNCCL_HOST_DEVICE uint8_t nv_scale_code(uint32_t amax, float part) {
+  const float s = (float_of(amax) / 6.0f) / part, smallest = float_of(0x3C800000u), largest = 448.0f;
+  return fp8_code(s < smallest ? smallest : largest < s ? largest : s, kNvScaleFormat);
+}
+
+// An element's 4-bit code for q = fl(v * fl(fl(1 / P) / S)): its sign, and e2m1's code of min(|q|, 6),
+// rounded to nearest even or, where `stochastic`, by stochastic_e2m1_value with `random`.
+CNCCL_HOST_DEVICE uint8_t nv_element_code(float q, bool stochastic, uint32_t random) {
+  const float a = fabsf(q), clamped = 6.0f < a ? 6.0f : a;
+  const float on_grid = stochastic ? stochastic_e2m1_value(clamped, random) : clamped;
+  return uint8_t((bits_of(q) >> 28 & 8u) | e2m1_code(on_grid));
+}
+
+// A block's decoding scale fl(P * S); NaN for a block that is not finite.
+CNCCL_HOST_DEVICE float nv_block_scale(uint8_t code, float part) { return part * fp8_value(code, kNvScaleFormat); }
+
+// One block's m <= 16 values v, already scaled, under the part scale `part` (`inverse` = fl(1 / part)):
+// returns its scale code and writes its elements at `elements` (m / 2 bytes, and a low nibble for an odd
+// m); with a dither, element j takes block_random_bits of index `index + j`. A block with a value that is
+// not finite gets the NaN code and zero elements. Adds to `nonfinite` its values that are not finite, and
+// to `saturated` those past 7, where rounding to nearest would have left 6 (the tie at 7 goes to the even 8).
+// The scalar CPU kernel (cpu/nvfp4.cpp) and the CUDA one (cuda/frames.cu) are this function.
+CNCCL_HOST_DEVICE uint8_t nv_encode_block(const float* v, size_t m, float part, float inverse, uint8_t* elements,
+                                          const Dither* dither, uint64_t index, size_t& nonfinite, size_t& saturated) {
+  uint32_t amax = 0;
+  size_t bad = 0;
+  for (size_t j = 0; j < m; ++j) {
+    const uint32_t a = bits_of(v[j]) & 0x7FFFFFFFu;
+    amax = a > amax ? a : amax;
+    bad += a >= kInfinity;
+  }
+  if (bad) {
+    nonfinite += bad;
+    for (size_t j = 0; j < nv_element_bytes(m); ++j) elements[j] = 0;
+    return kNvNanScale;
+  }
+  const uint8_t code = nv_scale_code(amax, part);
+  const float reciprocal = inverse / fp8_value(code, kNvScaleFormat);
+  const Dither none{};
+  BlockRandomBits random(dither ? *dither : none);
+  uint8_t low = 0;
+  for (size_t j = 0; j < m; ++j) {
+    const float q = v[j] * reciprocal;
+    saturated += fabsf(q) >= 7.0f;
+    const uint8_t e = nv_element_code(q, dither != nullptr, dither ? random(index + j) : 0);
+    if (j % 2 == 0) {
+      low = e;
+    } else {
+      elements[j / 2] = uint8_t(low | e << 4);
+    }
+  }
+  if (m % 2) elements[m / 2] = low;
+  return code;
+}
 
 // The largest |exponent| a frame carries: 2^k and 2^-k are both normal fp32 numbers.
 constexpr int kMaxFrameExponent = 126;

@@ -100,11 +100,18 @@ CNCCL_HOST_DEVICE float stochastic_grid_value(float v, uint32_t random, Wire w) 
 // differs from f by at most 2^-9 (E[result] within s / 512 of a, whatever a is).
 CNCCL_HOST_DEVICE uint32_t rounding_bits_of_byte(uint32_t byte) { return byte << 24 | 0x800000u; }
 
-CNCCL_HOST_DEVICE uint32_t block_random_bits(const Dither& d, uint64_t index) {
-  const Philox4 block = philox4x32_10(static_cast<uint32_t>(index >> 4), d.seq, d.rank,
-                                      d.phase + 2 * static_cast<uint32_t>(index >> 36),
-                                      static_cast<uint32_t>(d.seed), static_cast<uint32_t>(d.seed >> 32));
+// The Philox block that holds element `index`'s byte, and that byte's rounding bits.
+CNCCL_HOST_DEVICE Philox4 block_philox(const Dither& d, uint64_t index) {
+  return philox4x32_10(static_cast<uint32_t>(index >> 4), d.seq, d.rank,
+                       d.phase + 2 * static_cast<uint32_t>(index >> 36), static_cast<uint32_t>(d.seed),
+                       static_cast<uint32_t>(d.seed >> 32));
+}
+CNCCL_HOST_DEVICE uint32_t rounding_bits_in(const Philox4& block, uint64_t index) {
   return rounding_bits_of_byte(block.word[(index >> 2) & 3] >> (8 * (index & 3)) & 0xFF);
+}
+
+CNCCL_HOST_DEVICE uint32_t block_random_bits(const Dither& d, uint64_t index) {
+  return rounding_bits_in(block_philox(d, index), index);
 }
 
 // A 4-bit element's magnitude a = min(|q|, 6) moved onto e2m1's grid (NVFP4 and MXFP4): with the grid's
@@ -126,19 +133,17 @@ CNCCL_HOST_DEVICE float stochastic_fp8_value(float a, uint32_t random, Wire elem
   return element == Wire::kE4m3 ? stochastic_on_grid(a, random, -6, 3) : stochastic_on_grid(a, random, -14, 2);
 }
 
-// block_random_bits(dither, index) for indices in order, on the host: one Philox block serves the
-// sixteen indices it holds.
+// block_random_bits(dither, index) for indices in order: one Philox block serves the sixteen indices it
+// holds.
 class BlockRandomBits {
  public:
-  explicit BlockRandomBits(const Dither& dither) : dither_(dither) {}
-  uint32_t operator()(uint64_t index) {
+  CNCCL_HOST_DEVICE explicit BlockRandomBits(const Dither& dither) : dither_(dither) {}
+  CNCCL_HOST_DEVICE uint32_t operator()(uint64_t index) {
     if (index >> 4 != block_index_) {
       block_index_ = index >> 4;
-      const uint32_t phase = dither_.phase + 2 * static_cast<uint32_t>(index >> 36);
-      block_ = philox4x32_10(static_cast<uint32_t>(block_index_), dither_.seq, dither_.rank, phase,
-                             static_cast<uint32_t>(dither_.seed), static_cast<uint32_t>(dither_.seed >> 32));
+      block_ = block_philox(dither_, index);
     }
-    return rounding_bits_of_byte(block_.word[(index >> 2) & 3] >> (8 * (index & 3)) & 0xFF);
+    return rounding_bits_in(block_, index);
   }
 
  private:

@@ -204,8 +204,6 @@ Per-group settings for the cnccl backend; pass as ``pg_options`` to ``init_proce
     plan.pre_scale = scale;
     plan.mx_scale = cnccl::parse_mx_scale(mx_scale, "mx_scale");
     plan.stochastic = sr_seed.has_value();
-    TORCH_CHECK_VALUE(!plan.stochastic || rows.empty() || rows[0].is_cpu(),
-                      "cnccl: stochastically rounded frames have CPU kernels only");
     const at::TensorOptions options = rows.empty() ? at::TensorOptions(at::kByte) : rows[0].options().dtype(at::kByte);
     at::Tensor frames = at::empty({int64_t(rows.size()), cnccl::frames::frame_bytes(count, plan.wire)}, options);
     const c10::DeviceGuard guard(frames.device());

@@ -56,11 +56,11 @@ class Device {
   // wide = (rows[0] + rows[1] + ... in fp32) * plan.post_scale, unrounded (as restore() treats a
   // widened 16-bit value).
   virtual void sum_wide(const at::Tensor& rows, const at::Tensor& wide, const Plan& plan) = 0;
-  // Power-of-two frames and MX blocks (backend/frames.h: plan.wire, plan.mx_scale), none with a
+  // Power-of-two frames, MX and NVFP4 blocks (backend/frames.h: plan.wire, plan.mx_scale), none with a
   // temporary the size of a row (docs/design.md, "Numerics", Memory).
   // frames ([rows.size(), frame_bytes(count)] bytes) = each row (at most `count` values, fp32 or fp64,
-  // contiguous) times plan.pre_scale, framed; with plan.stochastic (NVFP4 only), row r's value i rounded
-  // with the dither's bits of index r x count + i.
+  // contiguous) times plan.pre_scale, framed; with plan.stochastic (the block wires), row r's value i
+  // rounded with the dither's bits of index r x count + i.
   virtual void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan,
                              const at::Tensor& frames, const compress::Dither& dither = {}) = 0;
   // out (one frame; it may be a row of `frames`) = the frame of the fp32 sums of frames' rows, rank order;

@@ -106,13 +106,17 @@ const float* pre_scale_of(const Plan& plan) {
 // at their natural alignment (a misaligned access would end the CUDA context). An MX frame of no values
 // has no bytes (an empty CUDA tensor's call with min_bytes=0), and any stride.
 void check_frames(const at::Tensor& frames, int64_t count, const Plan& plan) {
-  TORCH_CHECK_VALUE(plan.wire != compress::Wire::kNvfp4, "cnccl: wire_dtype=nvfp4 has CPU kernels only, so far");
   TORCH_CHECK(frames.is_cuda() && frames.scalar_type() == at::kByte && frames.dim() == 2 && frames.stride(1) == 1 &&
                   frames.size(1) == frames::frame_bytes(count, plan.wire) &&
                   (frames.size(1) == 0 || frames.stride(0) % 4 == 0) &&
                   reinterpret_cast<uintptr_t>(frames.const_data_ptr()) % 4 == 0,
               "cnccl: CUDA frame kernels take [rows, ", frames::frame_bytes(count, plan.wire),
               "] uint8 rows of whole frames, 4-byte aligned");
+}
+
+// A stochastic plan's block frames take the dither's bits from index `first` on; others round to nearest.
+compress::cuda::FrameRounding rounding_of(const Plan& plan, const compress::Dither& dither, uint64_t first) {
+  return plan.stochastic ? compress::cuda::FrameRounding{&dither, first} : compress::cuda::FrameRounding{};
 }
 
 void check_wide(const at::Tensor& wide, const at::Tensor& frames, int64_t most) {
@@ -203,13 +207,9 @@ class CudaDevice final : public composed::Device {
     });
   }
 
-  // Stochastically rounded frames (the block wires') have CPU kernels only, and reducing_path_for refuses
-  // them for CUDA tensors: no dither is read here, and a stochastic plan that reached these kernels would be
-  // rounded to nearest without it.
   void encode_frames(const std::vector<at::Tensor>& rows, int64_t count, const Plan& plan, const at::Tensor& frames,
-                     const compress::Dither& /*dither*/) override {
+                     const compress::Dither& dither) override {
     check_frames(frames, count, plan);
-    TORCH_INTERNAL_ASSERT(!plan.stochastic, "cnccl: the CUDA frame kernels round to nearest only");
     TORCH_CHECK(frames.size(0) == int64_t(rows.size()), "cnccl: ", rows.size(), " rows for ", frames.size(0),
                 " frames");
     const c10::cuda::CUDAGuard guard(frames.device());
@@ -221,24 +221,25 @@ class CudaDevice final : public composed::Device {
                   " values on ", frames.device(), " to frame");
       uint8_t* frame = frames[int64_t(r)].mutable_data_ptr<uint8_t>();
       with_wide_data(static_cast<const char*>(x.const_data_ptr()), x.scalar_type(), [&](const auto* src) {
+        // Row r's value i takes the dither's bits of index r x count + i, as frames::encode's.
         compress::cuda::frame_encode(src, size_t(x.numel()), size_t(count), float(plan.pre_scale), plan.wire,
                                      plan.mx_scale, frame, workspace.mutable_data_ptr(), stream,
-                                     counts_for(frames.device().index()), pre_scale_of(plan));
+                                     counts_for(frames.device().index()), pre_scale_of(plan),
+                                     rounding_of(plan, dither, uint64_t(r) * uint64_t(count)));
       });
     }
   }
 
   void sum_frames(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& out,
-                  const compress::Dither& /*dither*/, uint64_t /*first*/) override {
+                  const compress::Dither& dither, uint64_t first) override {
     check_frames(frames, count, plan);
-    TORCH_INTERNAL_ASSERT(!plan.stochastic, "cnccl: the CUDA frame kernels round to nearest only");
     check_frames(out.view({1, out.numel()}), count, plan);
     TORCH_CHECK(out.device() == frames.device(), "cnccl: a frame sum's output on ", out.device());
     const c10::cuda::CUDAGuard guard(frames.device());
     compress::cuda::frame_sum_encode(frames.const_data_ptr<uint8_t>(), size_t(frames.size(0)), size_t(frames.stride(0)),
                                      size_t(count), plan.wire, plan.mx_scale, out.mutable_data_ptr<uint8_t>(),
                                      frame_workspace(frames, frames.size(0)).mutable_data_ptr(), stream_of(frames),
-                                     counts_for(frames.device().index()));
+                                     counts_for(frames.device().index()), rounding_of(plan, dither, first));
   }
 
   void sum_frames_wide(const at::Tensor& frames, int64_t count, const Plan& plan, const at::Tensor& wide) override {

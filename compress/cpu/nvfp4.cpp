@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <optional>
 #include <vector>
 
 #include "compress/cpu/kernels.h"
@@ -22,59 +21,25 @@ using detail::float_of;
 using detail::MxDecodeOp;
 using detail::Rounding;
 
-constexpr formats::Fp8 kE4m3{3, 7, 0x7F};
-constexpr uint8_t kNanScale = 0x7F;  // e4m3's NaN: a block with a value that is not finite
-constexpr float kE2m1Max = 6.0f, kE4m3Max = 448.0f;
-// Past 7 an e2m1 rounding to nearest even would leave 6 (the tie at 7 goes to the even 8): what the
-// census counts as saturated.
-constexpr float kE2m1Overflow = 7.0f;
-const float kSmallestScale = float_of(0x3C800000u);  // 2^-6, e4m3's smallest normal (torch.finfo.tiny)
-const float kSmallestPart = float_of(7u << 23);      // 2^-120
 constexpr size_t kBlockBytes = kNvBlock / 2;
 
-size_t blocks_of(size_t n) { return (n + kNvBlock - 1) / kNvBlock; }
-size_t element_bytes(size_t n) { return (n + 1) / 2; }
+size_t blocks_of(size_t n) { return formats::nv_blocks(n); }
+size_t element_bytes(size_t n) { return formats::nv_element_bytes(n); }
 
-float scale_value(uint8_t code) { return formats::fp8_value(code, kE4m3); }
-
-// One block's m <= 16 values v, already scaled, under the part scale `part` (`inverse` = fl(1 / part)):
-// its scale code, and its elements at `out` (m / 2 bytes, and a low nibble for an odd m). With a
-// dither, element j takes the random bits of index `index + j`.
+// One block, as formats::nv_encode_block (which the CUDA kernels share) encodes it, counted into `census`.
 uint8_t encode_block(const float* v, size_t m, float part, float inverse, uint8_t* out, Census* census,
                      const Dither* dither = nullptr, uint64_t index = 0) {
-  uint32_t amax = 0;
-  size_t nonfinite = 0;
-  for (size_t j = 0; j < m; ++j) {
-    const uint32_t a = bits_of(v[j]) & 0x7FFFFFFFu;
-    amax = std::max(amax, a);
-    nonfinite += a >= formats::kInfinity;
+  size_t nonfinite = 0, saturated = 0;
+  const uint8_t code = formats::nv_encode_block(v, m, part, inverse, out, dither, index, nonfinite, saturated);
+  if (census) {
+    census->nonfinite += nonfinite;
+    census->saturated += saturated;
   }
-  std::fill(out, out + element_bytes(m), uint8_t(0));
-  if (nonfinite) {
-    if (census) census->nonfinite += nonfinite;
-    return kNanScale;
-  }
-  const float s = std::clamp((float_of(amax) / kE2m1Max) / part, kSmallestScale, kE4m3Max);
-  const uint8_t code = formats::fp8_code(s, kE4m3);
-  const float reciprocal = inverse / scale_value(code);
-  size_t saturated = 0;
-  std::optional<BlockRandomBits> random;
-  if (dither) random.emplace(*dither);
-  for (size_t j = 0; j < m; ++j) {
-    const float q = v[j] * reciprocal;
-    const float a = std::fabs(q);
-    saturated += a >= kE2m1Overflow;
-    const float clamped = std::min(a, kE2m1Max);
-    const float on_grid = random ? stochastic_e2m1_value(clamped, (*random)(index + j)) : clamped;
-    const uint8_t e = uint8_t((std::signbit(q) ? 8 : 0) | formats::e2m1_code(on_grid));
-    out[j / 2] |= uint8_t(j % 2 ? e << 4 : e);
-  }
-  if (census) census->saturated += saturated;
   return code;
 }
 
 // A block's decoding scale fl(P * S); NaN for a block that is not finite.
-float block_scale(uint8_t code, float part) { return part * scale_value(code); }
+float block_scale(uint8_t code, float part) { return formats::nv_block_scale(code, part); }
 
 float element_value(const uint8_t* elements, size_t j, float s) {
   return detail::kE2m1Values[(elements[j / 2] >> (j % 2 * 4)) & 0xF] * s;
@@ -219,7 +184,7 @@ size_t nv_bytes(size_t n) { return blocks_of(n) + element_bytes(n); }
 
 float nv_part_scale(float amax) {
   const GradualUnderflow exact;
-  return std::max(amax / float(kE2m1Max * kE4m3Max), kSmallestPart);
+  return formats::nv_part_scale_of(amax);
 }
 float nv_part_scale(const float* src, size_t n, float scale) {
   const GradualUnderflow exact;

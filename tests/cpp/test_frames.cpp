@@ -61,8 +61,8 @@ void expect_same_bits(const at::Tensor& a, const at::Tensor& b, const std::strin
 
 // Frames compared through their headers and their values (decoded by the kernels).
 void expect_same_frames(const at::Tensor& a, const at::Tensor& b, int64_t count, Wire w, const std::string& what) {
-  if (compress::is_mx(w)) {
-    // Every byte: the blocks' scales, their elements and the padding.
+  if (compress::is_blocks(w)) {
+    // Every byte: NVFP4's header, the blocks' scales, their elements and the padding.
     ASSERT_TRUE(at::equal(a, b)) << what << ": " << a.ne(b).sum().item<int64_t>() << " bytes differ";
     return;
   }
@@ -296,9 +296,10 @@ TEST(Frames, AnExponentOutOfRangeNamesItsRank) {
 }
 
 // The CUDA device's frame kernels (compress/cuda/frames.cu), as the composed path calls them, against the
-// CPU's: the frames of every wire from fp32 and fp64 rows (rows_of's edges among them), the owner's sum
-// framed again in place over the last row, those sums into fp32 and fp64 outputs, and the restore; a
-// header outside [-126, 126] decodes its frame as NaN. Skips without a GPU.
+// CPU's: the frames of every wire from fp32 and fp64 rows (rows_of's edges among them), the block wires'
+// rounded to nearest and stochastically, the owner's sum framed again in place over a row, those
+// sums into fp32 and fp64 outputs, and the restore; a header outside [-126, 126] (NVFP4's: a part scale
+// nv_part_scale cannot give) decodes its frame as NaN. Skips without a GPU.
 TEST(Frames, TheCudaKernelsGiveTheBitsOfTheCpuKernels) {
 #if !CNCCL_WITH_CUDA
   GTEST_SKIP() << "built without the CUDA path";
@@ -307,48 +308,61 @@ TEST(Frames, TheCudaKernelsGiveTheBitsOfTheCpuKernels) {
   const auto gpu = composed::make_device_for(at::Device(at::kCUDA, 0));
   const auto cpu = composed::make_cpu_device();
   const auto on_gpu = [](const at::Tensor& t) { return t.to(at::Device(at::kCUDA, 0)); };
-  for (Wire w : {Wire::kFp16, Wire::kBf16, Wire::kE4m3, Wire::kE5m2, Wire::kMxfp8, Wire::kMxfp8E5m2, Wire::kMxfp4}) {
+  // The sums' first index is no multiple of 16: their bits straddle Philox blocks, as an owner's part's do.
+  const compress::Dither contributions = compress::contribution_dither(0x5EED, 3, 1);
+  const compress::Dither sums = compress::sum_dither(0x5EED, 3);
+  const uint64_t first = 1000003;
+  for (Wire w : {Wire::kFp16, Wire::kBf16, Wire::kE4m3, Wire::kE5m2, Wire::kMxfp8, Wire::kMxfp8E5m2, Wire::kMxfp4,
+                 Wire::kNvfp4}) {
     for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
       for (int64_t count : {1, 33, 100003}) {
         for (compress::MxScale rule : {compress::MxScale::kRceil, compress::MxScale::kFloor}) {
-          const std::string what = std::string(compress::wire_name(w)) + " " + c10::toString(dtype) + " count " +
-                                   std::to_string(count) + " " + compress::mx_scale_name(rule);
-          Plan plan;
-          plan.wire = w;
-          plan.pre_scale = 1.0 / 3;
-          plan.post_scale = 3.0;
-          plan.mx_scale = rule;
-          const auto rows = rows_of(dtype, count);
-          std::vector<at::Tensor> device_rows;
-          for (const auto& r : rows) device_rows.push_back(on_gpu(r));
-          const int64_t n = int64_t(rows.size()), bytes = frame_bytes(count, w);
-          at::Tensor want = at::empty({n, bytes}, at::kByte);
-          at::Tensor got = on_gpu(at::full({n, bytes}, 0xAB, at::kByte));
-          cpu->encode_frames(rows, count, plan, want);
-          gpu->encode_frames(device_rows, count, plan, got);
-          expect_same_frames(got.cpu(), want, count, w, "encode " + what);
-          for (at::ScalarType out : {at::kFloat, at::kDouble}) {
-            at::Tensor a = at::empty({count}, out), b = on_gpu(a);
-            cpu->sum_frames_wide(want, count, plan, a);
-            gpu->sum_frames_wide(got, count, plan, b);
-            expect_same_bits(b.cpu(), a, "sums " + what);
-            a = at::empty({n * count - 2}, out);
-            b = on_gpu(a);
-            cpu->restore_frames(want, count, plan, a);
-            gpu->restore_frames(got, count, plan, b);
-            expect_same_bits(b.cpu(), a, "restore " + what);
+          for (bool stochastic : {false, true}) {
+            if (stochastic && !compress::is_blocks(w)) continue;
+            const std::string what = std::string(compress::wire_name(w)) + " " + c10::toString(dtype) + " count " +
+                                     std::to_string(count) + " " + compress::mx_scale_name(rule) +
+                                     (stochastic ? " sr" : "");
+            Plan plan;
+            plan.wire = w;
+            plan.pre_scale = 1.0 / 3;
+            plan.post_scale = 3.0;
+            plan.mx_scale = rule;
+            plan.stochastic = stochastic;
+            const auto rows = rows_of(dtype, count);
+            std::vector<at::Tensor> device_rows;
+            for (const auto& r : rows) device_rows.push_back(on_gpu(r));
+            const int64_t n = int64_t(rows.size()), bytes = frame_bytes(count, w);
+            at::Tensor want = at::empty({n, bytes}, at::kByte);
+            at::Tensor got = on_gpu(at::full({n, bytes}, 0xAB, at::kByte));
+            cpu->encode_frames(rows, count, plan, want, contributions);
+            gpu->encode_frames(device_rows, count, plan, got, contributions);
+            expect_same_frames(got.cpu(), want, count, w, "encode " + what);
+            for (at::ScalarType out : {at::kFloat, at::kDouble}) {
+              at::Tensor a = at::empty({count}, out), b = on_gpu(a);
+              cpu->sum_frames_wide(want, count, plan, a);
+              gpu->sum_frames_wide(got, count, plan, b);
+              expect_same_bits(b.cpu(), a, "sums " + what);
+              a = at::empty({n * count - 2}, out);
+              b = on_gpu(a);
+              cpu->restore_frames(want, count, plan, a);
+              gpu->restore_frames(got, count, plan, b);
+              expect_same_bits(b.cpu(), a, "restore " + what);
+            }
+            at::Tensor owners = at::empty({1, bytes}, at::kByte);
+            cpu->sum_frames(want, count, plan, owners[0], sums, first);
+            // Over row 1, whose values are not zeros: a kernel that read a header or block after writing it
+            // would change them.
+            gpu->sum_frames(got, count, plan, got[1], sums, first);
+            expect_same_frames(got[1].unsqueeze(0).cpu(), owners, count, w, "the owner's frame " + what);
+            if (compress::is_mx(w)) continue;
+            // An exponent of 127; for NVFP4 a part scale of 2^-121.
+            const int32_t bad = w == Wire::kNvfp4 ? 0x03000000 : 127;
+            got[1].narrow(0, 0, 4).copy_(at::from_blob(const_cast<int32_t*>(&bad), {4}, at::kByte));
+            at::Tensor restored = on_gpu(at::empty({n * count}));
+            gpu->restore_frames(got, count, plan, restored);
+            EXPECT_TRUE(restored.narrow(0, count, count).isnan().all().item<bool>()) << what;
+            EXPECT_FALSE(restored.narrow(0, 0, count).isnan().any().item<bool>()) << what;
           }
-          at::Tensor sums = at::empty({1, bytes}, at::kByte);
-          cpu->sum_frames(want, count, plan, sums[0]);
-          gpu->sum_frames(got, count, plan, got[n - 1]);
-          expect_same_frames(got[n - 1].unsqueeze(0).cpu(), sums, count, w, "the owner's frame " + what);
-          if (compress::is_mx(w)) continue;
-          const int32_t bad = 127;
-          got[1].narrow(0, 0, 4).copy_(at::from_blob(const_cast<int32_t*>(&bad), {4}, at::kByte));
-          at::Tensor restored = on_gpu(at::empty({n * count}));
-          gpu->restore_frames(got, count, plan, restored);
-          EXPECT_TRUE(restored.narrow(0, count, count).isnan().all().item<bool>()) << what;
-          EXPECT_FALSE(restored.narrow(0, 0, count).isnan().any().item<bool>()) << what;
         }
       }
     }

@@ -323,33 +323,38 @@ def pow2_frames_on_the_gpu_equal_the_cpu_emulation(ctx):
 
 @case
 def frames_on_the_gpu_equal_the_cpu_kernels(ctx):
-    """Power-of-two frames and MX blocks are CUDA kernels on the tensor's device: their bytes equal the
-    CPU kernels' (which test_frames.cpp holds to an ATen emulation and test_mx.py to torchao), a frame's
-    decoding too, a header outside [-126, 126] decodes its frame as NaN, and the collectives' results
+    """Power-of-two frames, MX and NVFP4 blocks are CUDA kernels on the tensor's device: their bytes equal
+    the CPU kernels' (which test_frames.cpp holds to an ATen emulation, test_mx.py and test_nvfp4.py to
+    torchao), the block wires' rounded stochastically too, a frame's decoding too, a header outside
+    [-126, 126] (NVFP4's: a part scale below 2^-120) decodes its frame as NaN, and the collectives' results
     equal the blocks' emulation."""
     half = (N + 1) // 2  # two rows, the second one short
-    for wire in (*FRAME_DTYPE, "mxfp8", "mxfp8_e5m2", "mxfp4"):
-        mx = wire.startswith("mx")
+    for wire in (*FRAME_DTYPE, "mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4"):
+        blocks_wire = wire.startswith("mx") or wire == "nvfp4"
         x = ctx.data(N)
         x[7] = float("inf")
         host = x.cpu()
         rows = [host[:half], host[half:]]
         for source in (torch.float32, torch.float64):
-            for rule in ("floor", "rceil"):  # rceil last: the default, which the collectives below use
-                on_cpu = _C._encode_frames([r.to(source) for r in rows], half, 0.5, wire, rule)
-                on_gpu = _C._encode_frames([r.to(ctx.device, source) for r in rows], half, 0.5, wire, rule)
-                assert torch.equal(on_gpu.cpu(), on_cpu), \
-                    f"{wire} {source} {rule}: {int((on_gpu.cpu() != on_cpu).sum())} bytes differ"
+            for sr_seed in ((None, 21) if blocks_wire else (None,)):
+                for rule in ("floor", "rceil"):  # rceil last: the default, which the collectives below use
+                    on_cpu = _C._encode_frames([r.to(source) for r in rows], half, 0.5, wire, rule, sr_seed=sr_seed)
+                    on_gpu = _C._encode_frames([r.to(ctx.device, source) for r in rows], half, 0.5, wire, rule,
+                                               sr_seed=sr_seed)
+                    assert torch.equal(on_gpu.cpu(), on_cpu), \
+                        f"{wire} {source} {rule} sr_seed {sr_seed}: {int((on_gpu.cpu() != on_cpu).sum())} bytes differ"
         same(_C._decode_frames(on_gpu, half, wire).cpu(), _C._decode_frames(on_cpu, half, wire), f"decode {wire}")
-        if not mx:
+        if not wire.startswith("mx"):
             bad = on_gpu.clone()
-            bad[1, :4] = torch.tensor([127, 0, 0, 0], dtype=torch.uint8)  # exponent 127
+            # exponent 127; NVFP4: the part scale 2^-121
+            bad[1, :4] = torch.tensor([0, 0, 0, 3] if wire == "nvfp4" else [127, 0, 0, 0], dtype=torch.uint8)
             decoded = _C._decode_frames(bad, half, wire).cpu()
             assert decoded[1].isnan().all(), f"{wire}: a bad header's frame"
             # Row 0 decodes as on the CPU, NaN where it is: e4m3 has no inf, so the inf in it comes back NaN.
             good = _C._decode_frames(on_cpu, half, wire)[0]
             assert torch.equal(decoded[0].isnan(), good.isnan()), f"{wire}: row 0's NaNs differ from the CPU decode's"
-            continue
+            if not blocks_wire:
+                continue
 
         g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype=wire, min_bytes=0, accumulate="fp32"))
 
@@ -367,8 +372,9 @@ def frames_on_the_gpu_equal_the_cpu_kernels(ctx):
 @case
 def an_empty_tensor_on_every_wire_with_min_bytes_zero(ctx):
     """As on the CPU path: an empty tensor's collective does nothing, on every wire (an MX frame of no values
-    has no bytes, and the frame kernels' checks took its [ranks, 0] buffer for a misaligned one)."""
-    for wire in ("fp16", "bf16", "e4m3", "e5m2", "mxfp8", "mxfp8_e5m2", "mxfp4"):
+    has no bytes, and the frame kernels' checks took its [ranks, 0] buffer for a misaligned one; an NVFP4
+    frame of none is its header)."""
+    for wire in ("fp16", "bf16", "e4m3", "e5m2", "mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4"):
         extra = dict(scaling="pow2") if wire in ("e4m3", "e5m2") else {}
         g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype=wire, min_bytes=0, accumulate="fp32",
                                                                      **extra))
@@ -404,14 +410,16 @@ def the_kernels_count_what_their_casts_meet(ctx):
     """Telemetry on CUDA (docs/design.md, "Telemetry"): the kernels of every kind of wire count, on the GPU,
     what the CPU's census counts for the same calls on the same composition over gloo (the CPU kernels):
     an inf and a NaN, values past fp16's largest and, in a frame whose exponent the inf set to 0, past
-    e4m3's; MX elements saturated under FLOOR."""
+    e4m3's; MX elements saturated under FLOOR; the block wires' stochastic rounding and NVFP4's blocks."""
     x = ctx.data(N)
     x[3], x[5] = float("inf"), float("nan")
     x[10:40] = 1e6
     configs = [dict(wire_dtype="fp16"), dict(wire_dtype="bf16", accumulate="fp32", rounding="sr"),
                dict(wire_dtype="fp16", accumulate="fp32", scaling="pow2"),
                dict(wire_dtype="e4m3", accumulate="fp32", scaling="pow2"),
-               dict(wire_dtype="mxfp8", accumulate="fp32", mx_scale="floor"), dict(wire_dtype="mxfp4", accumulate="fp32")]
+               dict(wire_dtype="mxfp8", accumulate="fp32", mx_scale="floor"), dict(wire_dtype="mxfp4", accumulate="fp32"),
+               dict(wire_dtype="mxfp4", accumulate="fp32", rounding="sr"), dict(wire_dtype="nvfp4", accumulate="fp32"),
+               dict(wire_dtype="nvfp4", accumulate="fp32", rounding="sr")]
     for fields in configs:
         counted = {}
         for device, engine in (("cuda", {}), ("cpu", {"cpu_engine": "gloo"})):
@@ -432,7 +440,7 @@ def non_finite_inputs_come_back_non_finite_on_every_wire(ctx):
     that a loss scaler sees the overflow."""
     wires = [{"wire_dtype": w} for w in ("fp16", "bf16")]
     wires += [{"wire_dtype": w, "accumulate": "fp32", "scaling": "pow2"} for w in ("fp16", "bf16", "e4m3", "e5m2")]
-    wires += [{"wire_dtype": w, "accumulate": "fp32"} for w in ("mxfp8", "mxfp8_e5m2", "mxfp4")]
+    wires += [{"wire_dtype": w, "accumulate": "fp32"} for w in ("mxfp8", "mxfp8_e5m2", "mxfp4", "nvfp4")]
     for fields in wires:
         g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(min_bytes=0, **fields))
         x = ctx.data(N)
@@ -533,31 +541,25 @@ def a_wire_per_level_is_refused_on_cuda_tensors_by_name(ctx):
 
 
 @case
-def nvfp4_is_refused_on_cuda_tensors_by_name(ctx):
-    """nvfp4 has CPU kernels only: its group refuses CUDA tensors' fp32 reductions before anything is
-    queued, and so do the frame kernels; a 16-bit CUDA tensor (which the wire never carries) and the
-    group's CPU tensors still sum."""
-    g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="nvfp4", accumulate="fp32", min_bytes=0))
-    x, before = refused_before_anything_is_queued(ctx, g, r"wire_dtype=nvfp4 .* has CPU kernels only")
-    # A coalesced call whose first tensor the wire would not carry: refused before any is queued.
-    half_first = [x.half(), x]
-    with pytest.raises(ValueError, match=r"wire_dtype=nvfp4 .* has CPU kernels only"):
-        dist.all_reduce_coalesced(half_first, group=g)
-    assert torch.equal(half_first[1], before) and torch.equal(half_first[0], before.half())
-    with pytest.raises(ValueError, match=r"wire_dtype=nvfp4 has CPU kernels only"):
-        _C._encode_frames([x], N, 1.0, "nvfp4")
-    half = x.half()
-    dist.all_reduce(half, group=g)
-    assert torch.equal(half, x.half())
-
-
-@case
-def mx_stochastic_rounding_is_refused_on_cuda_tensors_by_name(ctx):
-    """rounding=sr on an MX wire has CPU kernels only: its group refuses CUDA tensors' fp32 reductions
-    before anything is queued; its CPU tensors still sum."""
-    g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(wire_dtype="mxfp8", accumulate="fp32", rounding="sr",
-                                                                 min_bytes=0))
-    refused_before_anything_is_queued(ctx, g, r"rounding=sr .* on wire_dtype=mxfp8 has CPU kernels only")
+def block_wires_round_on_the_gpu_as_the_cpu_path_does(ctx):
+    """NVFP4, and the block wires' stochastic rounding, on CUDA tensors: allreduce and reduce_scatter give
+    the bits the same composition gives CPU tensors over gloo with the CPU kernels, under the same seed and
+    the same calls of a new group's path (so the same sequence numbers in the dithers)."""
+    x = ctx.data(N)
+    for fields in (dict(wire_dtype="nvfp4"), dict(wire_dtype="nvfp4", rounding="sr"),
+                   dict(wire_dtype="mxfp4", rounding="sr"), dict(wire_dtype="mxfp8", rounding="sr")):
+        got = {}
+        for device, engine in (("cuda", {}), ("cpu", {"cpu_engine": "gloo"})):
+            g = dist.new_group(backend="cnccl", pg_options=cnccl.Options(
+                accumulate="fp32", min_bytes=0, sr_seed=0x5EED, **fields, **engine))
+            t = x.to(device)
+            dist.all_reduce(t, group=g)
+            out = torch.empty_like(t)
+            dist.reduce_scatter_tensor(out, x.to(device), group=g)
+            got[device] = (t.cpu(), out.cpu())
+            assert cnccl.stats(g)["compressed_collectives"] == 2, fields
+        same(got["cuda"][0], got["cpu"][0], f"allreduce {fields}")
+        same(got["cuda"][1], got["cpu"][1], f"reduce_scatter {fields}")
 
 
 @case

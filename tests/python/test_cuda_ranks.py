@@ -4,10 +4,11 @@ chunked all-to-alls and the gathers of frames with several ranks' bytes. Skips, 
 
 Oracles: each group has cpu_engine=gloo too, so the same group computes the same call on CPU tensors with
 cnccl's CPU kernels over the same engine; a CUDA result must equal that CPU result bit for bit, and the
-CPU suites hold those to the emulation of wire_formats.py (test_accumulate, test_scaling, test_mx). The
-fp32 sums and pow2 frames are also compared with that emulation here. The one exception is accumulate=wire
-past two ranks, where the engine's own 16-bit adds round in an order of its choosing: there both results
-are held to the bound of (world - 1) roundings of the wire type on the sum of magnitudes.
+CPU suites hold those to the emulation of wire_formats.py (test_accumulate, test_scaling, test_mx,
+test_nvfp4). The fp32 sums and pow2 frames are also compared with that emulation here. The one exception
+is accumulate=wire past two ranks, where the engine's own 16-bit adds round in an order of its choosing:
+there both results are held to the bound of (world - 1) roundings of the wire type on the sum of
+magnitudes.
 """
 
 import copy
@@ -43,6 +44,10 @@ WIRES = {
     "mxfp4": dict(wire_dtype="mxfp4", accumulate="fp32"),
     "mxfp8-floor": dict(wire_dtype="mxfp8", accumulate="fp32", mx_scale="floor"),
     "mxfp4-floor": dict(wire_dtype="mxfp4", accumulate="fp32", mx_scale="floor"),
+    "mxfp8-sr": dict(wire_dtype="mxfp8", accumulate="fp32", rounding="sr", sr_seed=SEED),
+    "mxfp4-sr": dict(wire_dtype="mxfp4", accumulate="fp32", rounding="sr", sr_seed=SEED),
+    "nvfp4": dict(wire_dtype="nvfp4", accumulate="fp32"),
+    "nvfp4-sr": dict(wire_dtype="nvfp4", accumulate="fp32", rounding="sr", sr_seed=SEED),
 }
 UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
 SIZES = [1, 5_040, 100_003]  # one element; a size every world divides; one none here divides
@@ -158,8 +163,8 @@ def fp32_sums_and_frames_equal_the_emulation(ctx):
 @case(budget=240)
 def sizes_past_the_chunked_all_to_all(ctx):
     """Past 8 MiB of frames the all-to-all to the owners goes in chunks (docs/design.md, "Memory")."""
-    for name, wire_bytes in (("fp16-fp32sum", 2), ("e4m3", 1), ("mxfp8", 1)):
-        n = (9 << 20) // wire_bytes + 12_345
+    for name, wire_bytes in (("fp16-fp32sum", 2), ("e4m3", 1), ("mxfp8", 1), ("nvfp4-sr", 0.5)):
+        n = int((9 << 20) / wire_bytes) + 12_345
         x = ctx.data(n)
         got_cpu, got_gpu = allreduce_both(ctx, ctx.group(name), x, R.SUM)
         check_same(got_gpu, got_cpu, f"allreduce {name} n={n}")
@@ -245,7 +250,7 @@ def what_gloo_cannot_do_on_cuda_is_refused_by_name(ctx):
 @case
 def telemetry_counts_equal_the_cpu_census(ctx):
     """The CUDA kernels count on the GPU what the CPU kernels count on the host, call for call."""
-    for name in ("fp16-fp32sum", "e4m3", "mxfp8"):
+    for name in ("fp16-fp32sum", "e4m3", "mxfp8", "nvfp4-sr"):
         g = ctx.group(name, telemetry="counts")
         x = ctx.data(50_000)
         x[5::701] = float("inf")
