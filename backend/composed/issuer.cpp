@@ -45,19 +45,21 @@ void delay_for_tests(const char* point) {
   std::this_thread::sleep_for(std::chrono::milliseconds(std::stoll(chosen.substr(std::strlen(point) + 1))));
 }
 
-struct Job {
-  c10::intrusive_ptr<HostWork> work;
-  std::string what;  // "cnccl allreduce (seq 3) in group 'x'"
-  std::string signature;
-  std::chrono::milliseconds timeout;
-  Issuer::Issue issue;
-  std::atomic<bool> settled{false};
-  bool issued = false;  // under State::mutex: once stopped is set, no job becomes issued
-};
-
 }  // namespace
 
 struct Issuer::State : std::enable_shared_from_this<Issuer::State> {
+  // A member type, not one of this file's own: a type in an anonymous namespace would give State's
+  // fields internal linkage (GCC's -Wsubobject-linkage, where a unity build includes this file).
+  struct Job {
+    c10::intrusive_ptr<HostWork> work;
+    std::string what;  // "cnccl allreduce (seq 3) in group 'x'"
+    std::string signature;
+    std::chrono::milliseconds timeout;
+    Issuer::Issue issue;
+    std::atomic<bool> settled{false};
+    bool issued = false;  // under State::mutex: once stopped is set, no job becomes issued
+  };
+
   // Released by ~Issuer on the destroying thread once no thread of ours and no engine callback
   // can reach it: gloo's own threads must never drop the last reference (its destructor joins them).
   c10::intrusive_ptr<c10d::Backend> engine;
@@ -395,7 +397,7 @@ void Issuer::close(const std::string& why) {
 c10::intrusive_ptr<c10d::Work> Issuer::submit(c10d::OpType type, const char* name, uint64_t seq, std::string signature,
                                               std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
                                               Issue issue) {
-  auto job = std::make_shared<Job>();
+  auto job = std::make_shared<State::Job>();
   job->work = c10::make_intrusive<HostWork>(state_->rank, type, seq, std::move(outputs));
   job->what = std::string("cnccl ") + name + " (seq " + std::to_string(seq) + ") in group '" + state_->group + "'";
   job->signature = std::string(name) + "(" + signature + ")";
@@ -412,7 +414,7 @@ c10::intrusive_ptr<c10d::Work> Issuer::submit(c10d::OpType type, const char* nam
 }
 
 void Issuer::abort(const std::string& why) {
-  std::vector<std::shared_ptr<Job>> outstanding;
+  std::vector<std::shared_ptr<State::Job>> outstanding;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (state_->stopped.empty()) state_->stopped = why;

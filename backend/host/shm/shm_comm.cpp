@@ -37,10 +37,6 @@ constexpr std::chrono::microseconds kFirstSpin{200};
 // The longest a sleeping waiter goes without looking at its deadline, abort flag and peer.
 constexpr auto kMaxFutexSleep = std::chrono::milliseconds(1);
 
-struct alignas(64) Line {
-  std::atomic<uint64_t> value{0};
-};
-
 void cpu_relax() {
 #if defined(__x86_64__)
   _mm_pause();
@@ -76,6 +72,12 @@ std::string get(c10d::Store& store, const std::string& k) {
 }  // namespace
 
 struct ShmComm::Control {
+  // A cache line a counter, so that ranks polling one do not slow down the writers of the others. A member
+  // type, not one of this file's own: a type in an anonymous namespace would give Control's fields internal
+  // linkage (GCC's -Wsubobject-linkage, where a unity build includes this file).
+  struct alignas(64) Line {
+    std::atomic<uint64_t> value{0};
+  };
   uint64_t magic;
   uint64_t token;  // proves a peer mapped this very segment
   Line counters[kCounters];
