@@ -910,8 +910,9 @@ inline NvScales nv_scales(__m256i amax, __m256 part, __m256 inverse, const Fp8La
 
 // Two blocks' 32 values, scaled (v[0..2) the first's, v[2..4) the second's), as their 16 element bytes at
 // `out` under their reciprocals r0 and r1, rounded stochastically with `random` (32 words, element order)
-// where it is given; counts the values past 7 into `saturated` (lanes of -1 each).
-inline void nv_encode_pair(const __m256* v, __m256 r0, __m256 r1, const Fp8Lanes& e2m1, __m256i& saturated,
+// where it is given; counts the values past 7 into `*saturated` (lanes of -1 each) where it is given (only a
+// census reads the count).
+inline void nv_encode_pair(const __m256* v, __m256 r0, __m256 r1, const Fp8Lanes& e2m1, __m256i* saturated,
                            uint8_t* out, const uint32_t* random = nullptr) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256i c[4];
@@ -919,7 +920,9 @@ inline void nv_encode_pair(const __m256* v, __m256 r0, __m256 r1, const Fp8Lanes
   for (int k = 0; k < 4; ++k) {
     const __m256 q = _mm256_mul_ps(v[k], k < 2 ? r0 : r1);
     const __m256 a = _mm256_and_ps(q, magnitude);
-    saturated = _mm256_add_epi32(saturated, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(7.0f), _CMP_GE_OQ)));
+    if (saturated) {
+      *saturated = _mm256_add_epi32(*saturated, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(7.0f), _CMP_GE_OQ)));
+    }
     const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(q), 31), 3);
     __m256 clamped = _mm256_min_ps(a, _mm256_set1_ps(6.0f));
     if (random) {
@@ -982,7 +985,7 @@ void nv_encode_f32(const float* src, size_t count, float scale, float part, floa
       load(b + j + 1, v + 2);
       const __m256 r0 = _mm256_permutevar8x32_ps(lanes.reciprocals, _mm256_set1_epi32(j));
       const __m256 r1 = _mm256_permutevar8x32_ps(lanes.reciprocals, _mm256_set1_epi32(j + 1));
-      nv_encode_pair(v, r0, r1, e2m1, saturated, elements + (b + j) * kBlockBytes,
+      nv_encode_pair(v, r0, r1, e2m1, census ? &saturated : nullptr, elements + (b + j) * kBlockBytes,
                      dither ? random + j * kNvBlock : nullptr);
     }
     const int bad = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(amax, finite_top)));
