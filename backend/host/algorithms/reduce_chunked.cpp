@@ -60,15 +60,17 @@ void reduce_chunked(Comm& comm, const ChunkedReduction& red, uint32_t slot_base)
       }
     }
   }
-  // Produces and sends chunk k of every part, the next rank's first, so the owners' pieces arrive
-  // staggered rather than all at the same rank at once.
+  // Produces and sends chunk k of every other part, the next rank's first, so the owners' pieces arrive
+  // staggered rather than all at the same rank at once. This rank's own chunk k is produced only when its
+  // sum is due: what the link waits for goes first (a framed part's first piece waits for that part's amax
+  // pass, and the own part's pass would otherwise hold back the next chunk's sends).
   auto start = [&](size_t k) {
-    for (int i = 1; i <= n; ++i) {
+    for (int i = 1; i < n; ++i) {
       const int p = (r + i) % n;
       if (!count(k, p)) continue;
       char* piece = contributions + first(k, p) * elem;
       red.produce(first(k, p), count(k, p), piece);
-      if (p != r) sent.push_back(comm.send(p, slot_base + uint32_t(k), piece, count(k, p) * elem));
+      sent.push_back(comm.send(p, slot_base + uint32_t(k), piece, count(k, p) * elem));
     }
   };
   auto deliver = [&](size_t k, int p, const char* result) {
@@ -88,6 +90,7 @@ void reduce_chunked(Comm& comm, const ChunkedReduction& red, uint32_t slot_base)
   for (size_t k = 0; k < chunks; ++k) {
     if (k + 1 < chunks) start(k + 1);
     if (count(k, r)) {
+      red.produce(first(k, r), count(k, r), contributions + first(k, r) * elem);
       for (int q = 0; q < n; ++q) {
         if (q != r) comm.wait(pieces[k * n + q]);
         inputs[q] = q == r ? contributions + first(k, r) * elem : from(q, k);
