@@ -117,7 +117,7 @@ bool parse_bool(const std::string& value, const char* source) {
 }
 
 // A wire per level (docs/design.md, "A wire per level"): each level's owners decode and add in fp32.
-// Every compressed level travels in frames (power-of-two or MX), so `scaling` asks nothing more.
+// Every compressed level travels in frames (power-of-two, MX or NVFP4), so `scaling` asks nothing more.
 void check_levels(const Config& c) {
   if (!c.per_level()) return;
   const std::string both = "wire_dtype=" + c.wire_name() + " inside a host and inter_host_wire=" + c.wire_across_name() +
@@ -125,11 +125,13 @@ void check_levels(const Config& c) {
   TORCH_CHECK_VALUE(c.accumulate == Accumulate::kFp32, "cnccl: ", both, " need accumulate=fp32 (CNCCL_ACCUMULATE / ",
                     "Options.accumulate): a level's owner decodes every contribution and adds in fp32 before the next ",
                     "level's wire; got accumulate=", c.accumulate_name());
-  TORCH_CHECK_VALUE(c.rounding == Rounding::kNearest, "cnccl: ", both, " do not yet combine with rounding=sr ",
-                    "(CNCCL_ROUNDING / Options.rounding); use rounding=rne");
-  TORCH_CHECK_VALUE(c.wire != compress::Wire::kNvfp4 && c.wire_across() != compress::Wire::kNvfp4, "cnccl: ", both,
-                    ": nvfp4 does not yet travel as one level of a wire per level; use it as the one wire ",
-                    "(no inter_host_wire), or mxfp4 per level");
+  // Power-of-two frames have no stochastic rounding (scaling=pow2 refuses rounding=sr alike).
+  const auto admits_sr = [](const std::optional<compress::Wire>& w) { return !w || compress::is_blocks(*w); };
+  TORCH_CHECK_VALUE(c.rounding == Rounding::kNearest || (admits_sr(c.wire) && admits_sr(c.wire_across())),
+                    "cnccl: ", both, " with rounding=sr (CNCCL_ROUNDING / Options.rounding) need each level a block ",
+                    "wire (mxfp8, mxfp8_e5m2, mxfp4, nvfp4) or none: a 16-bit or 8-bit level travels in power-of-two ",
+                    "frames, which do not yet round stochastically; use rounding=rne, or e.g. wire_dtype=none with ",
+                    "inter_host_wire=nvfp4");
 }
 
 }  // namespace

@@ -98,7 +98,7 @@ Plan plan_reduction(const Config& config, at::ScalarType dtype, int64_t nbytes, 
   if (plan.rotated) plan.rotation_signs = compress::rotation_signs(config.sr_seed);
   if (config.per_level() && wide_float && sum_like && nbytes >= config.min_bytes) {
     plan.per_level = plan.compress = plan.fp32_sum = plan.framed = true;
-    plan.stochastic = false;
+    plan.stochastic = config.rounding == Rounding::kStochastic;
     plan.inside = config.wire;
     plan.across = config.wire_across();
     if (plan.across) plan.wire = *plan.across;

@@ -108,6 +108,8 @@ LEVEL_RUNS = {
     "cnccl fp16|mxfp8": {"wire_dtype": "fp16", "inter_host_wire": "mxfp8", "accumulate": "fp32"},
     "cnccl none|mxfp8": {"wire_dtype": "none", "inter_host_wire": "mxfp8", "accumulate": "fp32"},
     "cnccl fp16|mxfp4": {"wire_dtype": "fp16", "inter_host_wire": "mxfp4", "accumulate": "fp32"},
+    "cnccl fp16|nvfp4": {"wire_dtype": "fp16", "inter_host_wire": "nvfp4", "accumulate": "fp32"},
+    "cnccl none|nvfp4, sr": {"wire_dtype": "none", "inter_host_wire": "nvfp4", "accumulate": "fp32", "rounding": "sr"},
 }
 LEVEL_GOAL = ("cnccl fp16|mxfp8", 2.0)  # DDP's distance at most this times mxfp8 everywhere's
 HOOKS = {"gloo + fp16_compress_hook": default_hooks.fp16_compress_hook,

@@ -57,6 +57,8 @@ WIRES = {
     "fp16|mxfp8": dict(wire_dtype="fp16", inter_host_wire="mxfp8", accumulate="fp32"),
     "none|mxfp8": dict(wire_dtype="none", inter_host_wire="mxfp8", accumulate="fp32"),
     "fp16|mxfp4": dict(wire_dtype="fp16", inter_host_wire="mxfp4", accumulate="fp32"),
+    "fp16|nvfp4": dict(wire_dtype="fp16", inter_host_wire="nvfp4", accumulate="fp32"),
+    "none|nvfp4-sr": dict(wire_dtype="none", inter_host_wire="nvfp4", accumulate="fp32", rounding="sr"),
 }
 # The 4-bit matrix (bench/accuracy.py --seeds): stochastic rounding (-sr) and the block rotation (-had) on
 # the 4-bit wires, and the rotation on mxfp8. Run when --wires names them.

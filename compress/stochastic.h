@@ -33,6 +33,12 @@ inline Dither contribution_dither(uint64_t seed, uint32_t seq, uint32_t rank) {
   return {seed, seq, rank, kContribution};
 }
 inline Dither sum_dither(uint64_t seed, uint32_t seq) { return {seed, seq, kAnyOwner, kResult}; }
+// A wire per level's second-level contributions (each host's sums, sent across hosts by `rank`): a rank word
+// of their own, so that they never take the bits of a first-level contribution (group ranks stay below 2^31).
+constexpr uint32_t kSecondLevel = 0x80000000u;
+inline Dither second_level_dither(uint64_t seed, uint32_t seq, uint32_t rank) {
+  return {seed, seq, kSecondLevel | rank, kContribution};
+}
 
 struct Philox4 {
   uint32_t word[4];

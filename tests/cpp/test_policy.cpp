@@ -228,6 +228,17 @@ TEST(Policy, AWirePerLevelPlansCompressedSumsAtBothLevels) {
   c.inter_host_wire = compress::Wire::kMxfp8;
   const Plan reduce = plan_exact_reduction(c, at::kFloat, kBig, RedOp::SUM, 1.0, kWorld);
   EXPECT_FALSE(reduce.compress || reduce.per_level || reduce.framed);
+  // rounding=sr reaches the levels' encodings (options.cpp admits it with block levels only); nvfp4 across
+  // counts its frame's bytes.
+  c.wire = std::nullopt;
+  c.inter_host_wire = compress::Wire::kNvfp4;
+  c.rounding = Rounding::kStochastic;
+  const Plan stochastic = plan(at::kFloat, RedOp::SUM, c);
+  EXPECT_TRUE(stochastic.per_level && stochastic.stochastic);
+  EXPECT_EQ(traffic(stochastic, 1024, 4096).wire_bytes, int64_t(compress::nv_bytes(1024)));
+  c.rounding = Rounding::kNearest;
+  EXPECT_FALSE(plan(at::kFloat, RedOp::SUM, c).stochastic);
+  c.wire = compress::Wire::kFp16;
   // The same wire at both levels is one level.
   c.inter_host_wire = compress::Wire::kFp16;
   EXPECT_FALSE(c.per_level());

@@ -33,9 +33,10 @@ from wire_formats import (WIRE_DTYPE, level_allreduce, level_reduce_scatter, mix
                           rank_order_sum)
 
 TIMEOUT = 600
-# (inside, across): the issue's per-level pairs, exact fp32 inside, 16-bit across, and 8-bit frames.
+# (inside, across): the issue's per-level pairs, exact fp32 inside, 16-bit across, 8-bit frames, and NVFP4
+# frames at either level.
 LEVELS = [("fp16", "mxfp8"), ("none", "mxfp8"), ("fp16", "mxfp4"), ("bf16", "e4m3"), ("mxfp8", "fp16"),
-          ("fp16", "none")]
+          ("fp16", "none"), ("fp16", "nvfp4"), ("nvfp4", "fp16")]
 # Allreduce sizes: parts with their last blocks short, local parts left empty (n below 32 x hosts), and
 # several chunks of shared memory; reduce_scatter outputs: a short last MX block, and many blocks.
 ALLREDUCE_SIZES = [5, 1000, 300_001]
@@ -92,16 +93,23 @@ def cases():
     # Several chunks of every pipeline (shared memory's, the MX one across hosts): 1.5 M elements a local part.
     out.append(dict(kind="allreduce", inside="fp16", across="mxfp8", n=3_000_001, op="sum"))
     out.append(dict(kind="allreduce", inside="bf16", across="e4m3", n=3_000_001, op="avg"))
+    out.append(dict(kind="allreduce", inside="fp16", across="nvfp4", n=3_000_001, op="sum"))
     out.append(dict(kind="reduce_scatter", inside="mxfp8", across="fp16", n=300_007, op="sum"))
     # A group made on a thread that flushes subnormals (its threads take that setting), on values that are
     # mostly subnormal once scaled: the same bits.
-    for inside, across in [("fp16", "mxfp8"), ("none", "mxfp8"), ("bf16", "e4m3"), ("fp16", "none")]:
+    for inside, across in [("fp16", "mxfp8"), ("none", "mxfp8"), ("bf16", "e4m3"), ("fp16", "none"), ("fp16", "nvfp4")]:
         out.append(dict(kind="allreduce", inside=inside, across=across, n=20_011, op="sum", flush=True))
     # fp64 tensors holding fp32 values, summed or averaged by a power of two: every product and cast is the
     # one the fp32 emulation makes, so the results are its values, in fp64.
-    for inside, across in [("fp16", "mxfp8"), ("none", "e4m3"), ("mxfp8", "fp16")]:
+    for inside, across in [("fp16", "mxfp8"), ("none", "e4m3"), ("mxfp8", "fp16"), ("nvfp4", "none")]:
         out.append(dict(kind="allreduce", inside=inside, across=across, n=70_001, op="avg", fp64=True))
         out.append(dict(kind="reduce_scatter", inside=inside, across=across, n=7_001, op="sum", fp64=True))
+    # rounding=sr, every compressed level a block wire: exact fp32 or mxfp8 inside and nvfp4 across, nvfp4
+    # inside and mxfp4 across (whose owners round their sums as they add), several chunks across too.
+    for inside, across in [("none", "nvfp4"), ("mxfp8", "nvfp4"), ("nvfp4", "mxfp4")]:
+        out.append(dict(kind="allreduce", inside=inside, across=across, n=300_001, op="sum", sr=True))
+        out.append(dict(kind="reduce_scatter", inside=inside, across=across, n=40_000, op="avg", sr=True))
+    out.append(dict(kind="allreduce", inside="none", across="nvfp4", n=3_000_001, op="avg", sr=True))
     # One wire at both levels, accumulate=wire: the plain hierarchical allreduce, its levels pipelined too.
     for wire in ("fp16", "bf16"):
         for n in (5, 1000, 300_001, 3_000_001):
@@ -114,8 +122,12 @@ def test_the_settings_name_what_they_need(monkeypatch):
     both = r"wire_dtype=fp16 inside a host and inter_host_wire=mxfp8 across hosts"
     with pytest.raises(ValueError, match=both + r".*need accumulate=fp32.*got accumulate=wire"):
         cnccl.Options(wire_dtype="fp16", inter_host_wire="mxfp8")
-    with pytest.raises(ValueError, match=both + r".* do not yet combine with rounding=sr"):
+    with pytest.raises(ValueError, match=both + r".* with rounding=sr .*need each level a block wire .* or none: a "
+                                              r"16-bit or 8-bit level travels in power-of-two frames"):
         cnccl.Options(wire_dtype="fp16", inter_host_wire="mxfp8", accumulate="fp32", rounding="sr")
+    with pytest.raises(ValueError, match=r"inter_host_wire=e4m3 across hosts .* with rounding=sr"):
+        cnccl.Options(wire_dtype="none", inter_host_wire="e4m3", accumulate="fp32", rounding="sr")
+    assert cnccl.Options(wire_dtype="none", inter_host_wire="nvfp4", accumulate="fp32", rounding="sr") is not None
     with pytest.raises(ValueError, match=r"Options.inter_host_wire='fp12' is not valid; allowed: fp16, bf16, e4m3"):
         cnccl.Options(inter_host_wire="fp12")
     # The same wire at both levels is one level: nothing more is needed.
@@ -180,6 +192,15 @@ def test_one_host(name, engine):
 
 # --- Across simulated hosts.
 
+SR_SEED = 0x5EED
+
+
+def group_key(case):
+    """The settings that make a case's group: cases with the same key share one, in case order."""
+    return (case["inside"], case["across"], case.get("sum_scaling", "none"), case.get("mx_scale", "rceil"),
+            case.get("flush", False), case.get("fp64", False), case.get("sr", False))
+
+
 def worker(outdir):
     """One rank: every case on its own group; then the disagreement. Writes outputs and what it saw."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -190,13 +211,13 @@ def worker(outdir):
     results = []
     groups = {}
     for i, case in enumerate(cases()):
-        levels = (case["inside"], case["across"], case.get("sum_scaling", "none"), case.get("mx_scale", "rceil"),
-                  case.get("flush", False), case.get("fp64", False))
+        levels = group_key(case)
         if levels not in groups:
             torch.set_flush_denormal(levels[4])
             options = (dict(wire_dtype=case["inside"], min_bytes=0) if case["kind"] == "hierarchical" else
                        dict(wire_dtype=case["inside"], inter_host_wire=case["across"], accumulate="fp32", min_bytes=0,
-                            sum_scaling=levels[2], mx_scale=levels[3], compress_fp64=levels[5]))
+                            sum_scaling=levels[2], mx_scale=levels[3], compress_fp64=levels[5],
+                            **(dict(rounding="sr", sr_seed=SR_SEED) if levels[6] else {})))
             groups[levels] = dist.new_group(backend="cnccl", pg_options=cnccl.Options(**options))
             torch.set_flush_denormal(False)
         group = groups[levels]
@@ -217,7 +238,7 @@ def worker(outdir):
             dist.reduce_scatter_tensor(x, src, op=op, group=group)
         results.append(x)
     # A reduce_scatter reads its input where it is: no copy of it (at::cat made one a call, 1x the input).
-    g = groups[("fp16", "mxfp8", "none", "rceil", False, False)]
+    g = groups[("fp16", "mxfp8", "none", "rceil", False, False, False)]
     src, out = inputs(99, rank, (1 << 18) * world), torch.empty(1 << 18)
     seen["reduce_scatter_peak"] = [cnccl._C._cpu_bytes_peak(lambda: dist.reduce_scatter_tensor(out, src, group=g)),
                                    src.nbytes, cnccl._C._cpu_bytes_peak(lambda: torch.empty(src.numel()))]
@@ -297,14 +318,21 @@ def check(tmp_path, hosts, per_host):
     world = hosts * per_host
     outs = [torch.load(tmp_path / f"out-{r}.pt") for r in range(world)]
     seen = [json.load(open(tmp_path / f"seen-{r}.json")) for r in range(world)]
+    stochastic_calls = {}  # a stochastic group's calls so far: the next one's seq
     for i, case in enumerate(cases()):
         world_scaled = case.get("sum_scaling") == "world"
         pre = {"avg": 1.0 / world, "premul": FACTOR}.get(case["op"], 1.0 / world if world_scaled else 1.0)
         post = world if world_scaled else 1.0
         mx_scale = case.get("mx_scale", "rceil")
+        sr = None
+        if case.get("sr"):
+            seq = stochastic_calls.get(group_key(case), 0)
+            stochastic_calls[group_key(case)] = seq + 1
+            sr = (SR_SEED, seq)
         name = (f"{case['kind']} {case['inside']}|{case['across']} n={case['n']} {case['op']} mx_scale={mx_scale}" +
                 (" strided" if case.get("strided") else "") + (" sum_scaling=world" if world_scaled else "") +
-                (" flushing" if case.get("flush") else "") + (" fp64" if case.get("fp64") else ""))
+                (" flushing" if case.get("flush") else "") + (" fp64" if case.get("fp64") else "") +
+                (" rounding=sr" if sr else ""))
         if case["kind"] == "reduce":
             total = sum(small_integers(i, r, case["n"]) for r in range(world))
             got = outs[world - 1][i]
@@ -322,10 +350,11 @@ def check(tmp_path, hosts, per_host):
             want = [total.float() * post] * world
         elif case["kind"] == "allreduce":
             xs = [allreduce_input(case, i, r).contiguous().float() for r in range(world)]
-            want = [level_allreduce(xs, hosts, per_host, case["inside"], case["across"], pre, post, mx_scale)] * world
+            want = [level_allreduce(xs, hosts, per_host, case["inside"], case["across"], pre, post, mx_scale,
+                                    sr)] * world
         else:
             xs = [scatter_input(case, i, r, world).float() for r in range(world)]
-            want = level_reduce_scatter(xs, hosts, per_host, case["inside"], case["across"], pre, post, mx_scale)
+            want = level_reduce_scatter(xs, hosts, per_host, case["inside"], case["across"], pre, post, mx_scale, sr)
         for r in range(world):
             got = outs[r][i]
             assert got.dtype == (torch.float64 if case.get("fp64") else torch.float32), f"{name}: {got.dtype}"

@@ -163,7 +163,7 @@ def test_a_frame_no_cnccl_writes_is_refused_naming_the_rank():
             _C._decode_frames(corrupt, 32, "nvfp4")
 
 
-def test_nvfp4_needs_fp32_sums_and_is_not_yet_a_level_of_a_wire_per_level():
+def test_nvfp4_needs_fp32_sums():
     with pytest.raises(ValueError, match=r"wire_dtype=nvfp4.*needs accumulate=fp32 and scaling=none.*its own e4m3 "
                                          r"scale under the part's fp32 one; got accumulate=wire"):
         cnccl.Options(wire_dtype="nvfp4")
@@ -172,9 +172,12 @@ def test_nvfp4_needs_fp32_sums_and_is_not_yet_a_level_of_a_wire_per_level():
     with pytest.raises(ValueError, match=r"wire_dtype=nvfp4.*scaling=pow2"):
         cnccl.Options(wire_dtype="nvfp4", accumulate="fp32", scaling="pow2")
     assert cnccl.Options(wire_dtype="nvfp4", accumulate="fp32", rounding="sr") is not None
+    # A level of a wire per level (test_levels.py sums it), with what every level needs.
     for inside, across in (("nvfp4", "mxfp8"), ("fp16", "nvfp4")):
-        with pytest.raises(ValueError, match=r"nvfp4 does not yet travel as one level of a wire per level"):
-            cnccl.Options(wire_dtype=inside, inter_host_wire=across, accumulate="fp32")
+        assert cnccl.Options(wire_dtype=inside, inter_host_wire=across, accumulate="fp32") is not None
+    assert cnccl.Options(wire_dtype="nvfp4", inter_host_wire="mxfp8", accumulate="fp32", rounding="sr") is not None
+    with pytest.raises(ValueError, match=r"inter_host_wire=nvfp4 .* with rounding=sr .* power-of-two frames"):
+        cnccl.Options(wire_dtype="fp16", inter_host_wire="nvfp4", accumulate="fp32", rounding="sr")
     with pytest.raises(ValueError, match=r"allowed: fp16, bf16, e4m3, e5m2, mxfp8, mxfp8_e5m2, mxfp4, nvfp4, none"):
         cnccl.Options(wire_dtype="fp4")
     assert cnccl.Options(wire_dtype="nvfp4", accumulate="fp32") is not None

@@ -428,10 +428,16 @@ def hadamard(x, signs, forward=True):
 
 # A wire per level (docs/numerics.md, "A wire per level"): the host path's sums across hosts that share
 # memory inside each, emulated from every rank's input (rank h * per_host + l: host h, local rank l).
-def through_level(v, wire, pre=1.0, mx_scale="rceil"):
-    """v (fp32) times fp32(pre) as a level's owner decodes it: fp32 as it is ("none"), else framed."""
+SECOND_LEVEL = 0x80000000  # the rank word's bit of a second-level contribution (compress/stochastic.h)
+
+
+def through_level(v, wire, pre=1.0, mx_scale="rceil", sr=None):
+    """v (fp32) times fp32(pre) as a level's owner decodes it: fp32 as it is ("none"), else framed; with
+    sr = (seed, seq, rank word, phase, first), a block wire's elements rounded stochastically."""
     if wire == "none":
         return v.float() * torch.tensor(pre, dtype=torch.float32).item()
+    if sr is not None:
+        return framed_sr(v.float(), wire, pre, *sr, mx_scale)
     return framed(v.float(), wire, pre, mx_scale)
 
 
@@ -441,31 +447,38 @@ def _padded(v, n):
     return out
 
 
-def _level_sums(rows_by_host, count, hosts, inside, across, pre, mx_scale):
+def _level_sums(rows_by_host, count, hosts, inside, across, pre, mx_scale, local, sr):
     """Level 1 per host: each row (one a local rank, `count` elements) through `inside`, added in local
-    rank order. Level 2: each host's sums cut into `hosts` sub-parts, through `across`, added in host order."""
+    rank order. Level 2: each host's sums cut into `hosts` sub-parts, through `across`, added in host order.
+    With sr = (seed, seq), local part `local`'s value v takes index local x count + v's bits: rank r's at
+    level 1, rank SECOND_LEVEL | r's at level 2 (r: the host's local rank `local`)."""
+    per_host = len(rows_by_host[0])
+    first = local * count
     sums = []
-    for rows in rows_by_host:
+    for h, rows in enumerate(rows_by_host):
         acc = None
-        for row in rows:
-            d = through_level(_padded(row, count), inside, pre, mx_scale)
+        for q, row in enumerate(rows):
+            bits = None if sr is None else (*sr, h * per_host + q, CONTRIBUTION, first)
+            d = through_level(_padded(row, count), inside, pre, mx_scale, bits)
             acc = d if acc is None else acc + d
         sums.append(acc)
     sub = count // hosts
     totals = []
     for j in range(hosts):
         acc = None
-        for s in sums:
-            d = through_level(s[j * sub:(j + 1) * sub], across, mx_scale=mx_scale)
+        for h, s in enumerate(sums):
+            bits = None if sr is None else (*sr, SECOND_LEVEL | (h * per_host + local), CONTRIBUTION, first + j * sub)
+            d = through_level(s[j * sub:(j + 1) * sub], across, mx_scale=mx_scale, sr=bits)
             acc = d if acc is None else acc + d
         totals.append(acc)
     return totals
 
 
-def level_allreduce(inputs, hosts, per_host, inside, across, pre=1.0, post=1.0, mx_scale="rceil"):
+def level_allreduce(inputs, hosts, per_host, inside, across, pre=1.0, post=1.0, mx_scale="rceil", sr=None):
     """An allreduce's result with a wire per level: local parts of ceil(n / per_host) rounded up to a
     multiple of 32 x hosts, each host's sub-part sum through `across` once more, times fp32(post). MX
-    blocks at either level take their scales by `mx_scale`."""
+    blocks at either level take their scales by `mx_scale`. sr = (seed, seq): rounding=sr, the sums'
+    rounding with (ANY_OWNER, RESULT) bits of the same indices as the contributions'."""
     n = inputs[0].numel()
     align = 32 * hosts
     count = -(-(-(-n // per_host)) // align) * align
@@ -473,8 +486,11 @@ def level_allreduce(inputs, hosts, per_host, inside, across, pre=1.0, post=1.0, 
     for l in range(per_host):
         lo, hi = min(n, l * count), min(n, (l + 1) * count)
         rows_by_host = [[inputs[h * per_host + q][lo:hi] for q in range(per_host)] for h in range(hosts)]
-        totals = _level_sums(rows_by_host, count, hosts, inside, across, pre, mx_scale)
-        out[lo:hi] = torch.cat([through_level(t, across, mx_scale=mx_scale) for t in totals])[:hi - lo] * _fp32(post)
+        totals = _level_sums(rows_by_host, count, hosts, inside, across, pre, mx_scale, l, sr)
+        sub = count // hosts
+        out[lo:hi] = torch.cat([through_level(t, across, mx_scale=mx_scale, sr=None if sr is None else
+                                              (*sr, ANY_OWNER, RESULT, l * count + j * sub))
+                                for j, t in enumerate(totals)])[:hi - lo] * _fp32(post)
     return out
 
 
@@ -482,7 +498,7 @@ def _fp32(v):
     return torch.tensor(v, dtype=torch.float32).item()
 
 
-def level_reduce_scatter(inputs, hosts, per_host, inside, across, pre=1.0, post=1.0, mx_scale="rceil"):
+def level_reduce_scatter(inputs, hosts, per_host, inside, across, pre=1.0, post=1.0, mx_scale="rceil", sr=None):
     """Each rank's output of a reduce_scatter_tensor with a wire per level (inputs: world x each elements):
     local part l is the chunks of ranks h * per_host + l in host order; the sub-part sums are not rounded."""
     world = hosts * per_host
@@ -493,6 +509,6 @@ def level_reduce_scatter(inputs, hosts, per_host, inside, across, pre=1.0, post=
         ranks = [h * per_host + l for h in range(hosts)]
         rows_by_host = [[torch.cat([chunk(inputs[h * per_host + q], r) for r in ranks]) for q in range(per_host)]
                         for h in range(hosts)]
-        for r, t in zip(ranks, _level_sums(rows_by_host, each * hosts, hosts, inside, across, pre, mx_scale)):
+        for r, t in zip(ranks, _level_sums(rows_by_host, each * hosts, hosts, inside, across, pre, mx_scale, l, sr)):
             outputs[r] = t * _fp32(post)
     return outputs

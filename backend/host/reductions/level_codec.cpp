@@ -122,6 +122,7 @@ int32_t LevelCodec::sum_exponent(float amax, const at::Tensor& sums) const {
 }
 
 void LevelCodec::encode(const Row& row, size_t u, size_t k, uint8_t* dst) const {
+  TORCH_INTERNAL_ASSERT(!row.dither || form_ != Form::kFrames, "cnccl: power-of-two frames round to nearest only");
   const std::vector<at::Tensor>& pieces = *row.pieces;
   const at::ScalarType dtype = pieces[0].scalar_type();
   switch (form_) {

@@ -48,6 +48,9 @@ class LevelCodec {
   LevelCodec(const std::optional<compress::Wire>& wire, int64_t count, compress::MxScale mx_scale);
 
   Form form() const { return form_; }
+  // Whether a part's encoding depends on all of its values: a power-of-two frame's exponent, an NVFP4
+  // part's scale (exponent()).
+  bool part_scaled() const { return form_ == Form::kFrames || form_ == Form::kPartBlocks; }
   compress::Wire wire() const { return wire_; }
   int64_t count() const { return count_; }
   size_t units() const { return units_; }        // a part's
@@ -62,7 +65,7 @@ class LevelCodec {
   // The units that hold values [v0, v1) of a part: [first, end).
   std::pair<size_t, size_t> units_of(size_t v0, size_t v1) const;
 
-  // A frame's exponent of `row` (0 for forms that are not part_scaled()).
+  // A frame's exponent of `row`, an NVFP4 part scale's bits (0 for forms that are not part_scaled()).
   int32_t exponent(const Row& row) const;
   // The exponent of an owner's contiguous fp32 `sums`, whose largest |value| sum() returned.
   int32_t sum_exponent(float amax, const at::Tensor& sums) const;

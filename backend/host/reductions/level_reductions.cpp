@@ -3,21 +3,22 @@
 // `count` elements (local part l is local rank l's) and each local part into H sub-parts of count / H
 // (sub-part j is host j's). Each level is a LevelCodec (level_codec.h):
 //  1. inside each host, through shared memory (reduce_shm): every rank's contribution to local part l goes
-//     to local rank l in plan.inside's frame (one power-of-two frame a part, or MX blocks) or as fp32, and
-//     local rank l decodes and adds them in fp32 in local rank order;
+//     to local rank l in plan.inside's frame (one power-of-two or NVFP4 frame a part, or MX blocks) or as
+//     fp32, and local rank l decodes and adds them in fp32 in local rank order;
 //  2. across hosts, among the local ranks l of every host (cross_, reduce_chunked): each owner's fp32 sums
-//     go to the hosts that own their sub-parts, one plan.across frame (or fp32, or MX blocks) a sub-part,
-//     and each decodes and adds them in fp32 in host order. allreduce then encodes its sub-part's sum
-//     again, and the results go back to every host and are restored into local part l; a
-//     reduce_scatter's sub-part is one rank's output;
+//     go to the hosts that own their sub-parts, one plan.across frame (power-of-two or NVFP4; or fp32, or
+//     MX blocks) a sub-part, and each decodes and adds them in fp32 in host order. allreduce then encodes
+//     its sub-part's sum again, and the results go back to every host and are restored into local part l;
+//     a reduce_scatter's sub-part is one rank's output;
 //  3. allreduce: each restored piece of the local parts copied to every rank of the host, in the dtype.
 // The levels run together, a chunk at a time: producing a chunk for level 2 first sums it at level 1,
 // waits at level 1 progress level 2's messages (ShmComm::Idle), and a chunk's results go on to level 3
 // as they are restored. Every local rank of a host makes the same level-1 and level-3 calls in the same
 // order (reduce_chunked's, a function of the sizes alone), so their shared-memory steps match.
-// An allreduce's local parts are ceil(n / L) rounded up to a multiple of 32 H, so every MX block, at either
-// level, is a block of 32 of the tensor; a reduce_scatter's local part l is the outputs of the ranks of
-// local rank l, in host order (sub-part j: the output of host j's), so count = H x the output's numel.
+// An allreduce's local parts are ceil(n / L) rounded up to a multiple of 32 H, so every MX block (and NVFP4
+// block of 16), at either level, is a block of the tensor; a reduce_scatter's local part l is the outputs
+// of the ranks of local rank l, in host order (sub-part j: the output of host j's), so count = H x the
+// output's numel.
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -41,6 +42,13 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at
   const bool gather = bool(results.at);
   const LevelCodec inside(plan.inside, count, plan.mx_scale);
   const LevelCodec across(plan.across, sub, plan.mx_scale);
+  // rounding=sr (docs/numerics.md, "A wire per level"): value v of local part l takes the bits of index
+  // l x count + v at every level, level 1's contributions this rank's, level 2's this rank's second-level
+  // ones, the owners' sums the sums'. Only block levels round; options.cpp refuses frames with sr.
+  const auto dithered = dithers(plan, size_t(count));
+  const compress::Dither level1_bits = dithered.first, sum_bits = dithered.second;
+  const compress::Dither level2_bits = compress::second_level_dither(plan.sr_seed, dithered.first.seq, uint32_t(rank_));
+  const uint64_t local_first = uint64_t(shm_->rank()) * uint64_t(count);
   const size_t sub_units = across.units();
   // The workspace: the caller's staging area, this owner's level-1 sums, its sub-part's level-2 sums.
   const size_t sums_at = (staging_bytes + 63) / 64 * 64, total_at = sums_at + inside.sums_bytes();
@@ -61,18 +69,22 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at
     const compress::GradualUnderflow exact;
     comm_->end();  // the group's signature agreement, before any data moves
     if (count == 0) return;
+    // This closure's copies of the bits' keys, which outlive every use below.
+    const compress::Dither *level1_dither = plan.stochastic ? &level1_bits : nullptr,
+                           *level2_dither = plan.stochastic ? &level2_bits : nullptr,
+                           *sum_dither = plan.stochastic ? &sum_bits : nullptr;
     // 1. Inside the host: the fp32 sums of this local rank's part.
     const ChunkProduce produce = timed_producer([=](size_t first, size_t len, char* dst) {
       const size_t q = first / inside.units();
-      inside.encode({&(*rows)[q], segment, plan.pre_scale, (*mine)[q]}, first - q * inside.units(), len,
-                    reinterpret_cast<uint8_t*>(dst));
+      inside.encode({&(*rows)[q], segment, plan.pre_scale, (*mine)[q], level1_dither, q * uint64_t(count)},
+                    first - q * inside.units(), len, reinterpret_cast<uint8_t*>(dst));
     });
     const RankSum sum = timed_reducer([=](const char* const* in, char* dst, size_t first, size_t len) {
       inside.sum(reinterpret_cast<const uint8_t* const*>(in), ranks, heard->data(),
                  first % inside.units(), len, reinterpret_cast<float*>(dst));
     });
     char* sums_area = b.workspace + sums_at;
-    float* sums = reinterpret_cast<float*>(sums_area) + inside.values_at();
+    float* sums = reinterpret_cast<float*>(sums_area + inside.values_at() * inside.out_elem());
     // Level 1 runs in pieces, each when level 2 first needs it: units [u0, u1) of every local part, less
     // those summed already (an MX block that two pieces share).
     std::vector<uint8_t> summed(inside.units(), 0);
@@ -100,17 +112,18 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at
     }
     const size_t h = size_t(hosts);
     std::vector<int32_t> exponent(h, INT32_MIN), heard_across(h), told(h);
-    // A chunk's level 1, then its encoding; a power-of-two frame's exponent needs its whole sub-part, so
-    // the first piece of sub-part j sums all of it (reduce_chunked's order: this host's sub-part last, so
-    // the link starts after the first).
+    // A chunk's level 1, then its encoding; a power-of-two frame's exponent and an NVFP4 part's scale need
+    // the whole sub-part, so the first piece of sub-part j sums all of it (reduce_chunked's order: this
+    // host's sub-part last, so the link starts after the first).
     const ChunkProduce encode = timed_producer([&](size_t first, size_t k, char* dst) {
       const compress::CensusSamplesPaused not_a_contribution;  // the census counts level 1's casts alone
       const size_t j = first / sub_units;
-      across.encode({&sub_rows[j], sub, 1.0, exponent[j]}, first - j * sub_units, k, reinterpret_cast<uint8_t*>(dst));
+      across.encode({&sub_rows[j], sub, 1.0, exponent[j], level2_dither, local_first + j * uint64_t(sub)},
+                    first - j * sub_units, k, reinterpret_cast<uint8_t*>(dst));
     });
     const ChunkProduce produce_across = [&](size_t first, size_t k, char* dst) {
       const size_t j = first / sub_units, base = j * size_t(sub);
-      if (across.form() == LevelCodec::Form::kFrames) {
+      if (across.part_scaled()) {
         if (exponent[j] == INT32_MIN) {
           const auto [u0, u1] = inside.units_of(base, base + size_t(sub));
           level1(u0, u1);
@@ -127,13 +140,16 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at
       encode(first, k, dst);
     };
     // Owners add the hosts' chunks in host order; an allreduce's MX owner encodes its sums again at once.
-    uint32_t largest = 0;  // of this owner's |sums| (frames), as a non-negative float's bits: a NaN's are larger
+    // Of this owner's |sums| (frames: a NaN's bits are larger; NVFP4: the finite ones'), as a non-negative
+    // float's bits.
+    uint32_t largest = 0;
     const RankSum add = timed_reducer([&](const char* const* in, char* dst, size_t first, size_t k) {
       const compress::CensusSamplesPaused not_a_contribution;
       const auto* const* runs = reinterpret_cast<const uint8_t* const*>(in);
       const size_t u = first % sub_units;
       if (gather && across.form() == LevelCodec::Form::kBlocks) {
-        return across.sum_encode(runs, hosts, u, k, reinterpret_cast<uint8_t*>(dst));
+        return across.sum_encode(runs, hosts, u, k, reinterpret_cast<uint8_t*>(dst), sum_dither,
+                                 local_first + first / sub_units * uint64_t(sub));
       }
       const float a = across.sum(runs, hosts, heard_across.data(), u, k, reinterpret_cast<float*>(dst));
       uint32_t bits;
@@ -165,8 +181,9 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at
     };
     char* total = b.workspace + total_at;
     const Parts parts = Parts::equal(sub_units, hosts);
-    // A power-of-two frame's owner frames its sum once every piece is in; the frames are then allgathered.
-    const bool frames_again = gather && across.form() == LevelCodec::Form::kFrames;
+    // A power-of-two frame's or an NVFP4 part's owner frames its sum once every piece is in (its exponent or
+    // part scale is the whole sum's); the frames are then allgathered.
+    const bool frames_again = gather && across.part_scaled();
     ChunkedReduction chunks{parts, across.elem(), produce_across, add, total,
                             gather && !frames_again ? ChunkedReduction::kAll : ChunkedReduction::kOwn, 0,
                             gather && !frames_again ? 0 : across.out_elem()};
@@ -175,21 +192,24 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at
     reduce_chunked(*cross_, chunks);
     if (frames_again) {
       const std::vector<at::Tensor> sum_row{
-          view(total + across.values_at() * sizeof(float), sub, at::kFloat)};
+          view(total + across.values_at() * across.out_elem(), sub, at::kFloat)};
       int32_t k = 0;
       timed_reduce([&] {
         float amax;
         std::memcpy(&amax, &largest, sizeof amax);
-        k = frames::sum_exponent(amax, sum_row[0], across.wire());
+        k = across.sum_exponent(amax, sum_row[0]);
       });
       const ChunkProduce frame_sum = timed_producer([&](size_t first, size_t len, char* dst) {
         const compress::CensusSamplesPaused not_a_contribution;
-        across.encode({&sum_row, sub, 1.0, k}, first % sub_units, len, reinterpret_cast<uint8_t*>(dst));
+        across.encode({&sum_row, sub, 1.0, k, sum_dither, local_first + first / sub_units * uint64_t(sub)},
+                      first % sub_units, len, reinterpret_cast<uint8_t*>(dst));
       });
       allgather_chunked(*cross_, parts, across.elem(), frame_sum, restore, tags::kSecondPhase, kLevelChunkBytes);
     }
     cross_->end();
-    if (!gather) results.finish(reinterpret_cast<const float*>(total) + across.values_at(), b.workspace);
+    if (!gather) {
+      results.finish(reinterpret_cast<const float*>(total + across.values_at() * across.out_elem()), b.workspace);
+    }
   };
   return step;
 }
