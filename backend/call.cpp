@@ -16,7 +16,8 @@ std::string describe(const at::Tensor& t, const Plan& plan, RedOp op) {
   if (plan.per_level) {
     auto name = [](const std::optional<compress::Wire>& w) { return w ? compress::wire_name(*w) : std::string("fp32"); };
     return describe(t) + ", " + op_name(op) + ", " + name(plan.inside) + " wire inside hosts, " + name(plan.across) +
-           " across, fp32 sums" + (plan.post_scale != 1.0 ? ", sum scaled by the world size" : "") + ", " +
+           " across, fp32 sums" + (plan.post_scale != 1.0 ? ", sum scaled by the world size" : "") +
+           (plan.stochastic ? ", stochastic rounding seed " + std::to_string(plan.sr_seed) : "") + ", " +
            compress::mx_scale_name(plan.mx_scale) + " MX scales";
   }
   return describe(t) + ", " + op_name(op) + ", " + (plan.compress ? compress::wire_name(plan.wire) : "no") + " wire" +

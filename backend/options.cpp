@@ -253,15 +253,15 @@ std::string Config::bytes_settings() const {
   // keys only stochastic rounding.
   const std::string levels = per_level() ? ", inter_host_wire=" + wire_across_name() : "";
   if (!wire && !per_level()) return "wire_dtype=none";
+  const std::string seed = rounding == Rounding::kStochastic ? ", sr_seed=" + std::to_string(sr_seed) : "";
   if (!wire) return "wire_dtype=none" + levels + ", min_bytes=" + std::to_string(min_bytes) + ", sum_scaling=" +
                     (sum_scaling == SumScaling::kWorld ? "world" : "none") + ", compress_fp64=" +
-                    (compress_fp64 ? "1" : "0") + ", mx_scale=" + compress::mx_scale_name(mx_scale);
+                    (compress_fp64 ? "1" : "0") + ", rounding=" + rounding_name() + seed + ", mx_scale=" +
+                    compress::mx_scale_name(mx_scale);
   std::string text = "wire_dtype=" + wire_name() + ", min_bytes=" + std::to_string(min_bytes) +
                      ", sum_scaling=" + (sum_scaling == SumScaling::kWorld ? "world" : "none") +
                      ", compress_fp64=" + (compress_fp64 ? "1" : "0") + ", accumulate=" + accumulate_name() +
-                     ", rounding=" + rounding_name();
-  if (rounding == Rounding::kStochastic) text += ", sr_seed=" + std::to_string(sr_seed);
-  text += ", scaling=" + std::string(scaling_name());
+                     ", rounding=" + rounding_name() + seed + ", scaling=" + scaling_name();
   if (compress::is_mx(*wire) || per_level()) text += ", mx_scale=" + std::string(compress::mx_scale_name(mx_scale));
   return text + levels;
 }

@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "backend/call.h"
 #include "backend/options.h"
 #include "backend/policy.h"
 
@@ -437,6 +438,33 @@ TEST(Agreement, EverySettingThatChangesTheBytesIsCompared) {
       EXPECT_NE(e.find(r == 2 ? same.bytes_settings() : other.bytes_settings()), std::string::npos) << e;
     }
   }
+}
+
+TEST(Agreement, AWirePerLevelComparesItsRoundingAndSeed) {
+  // wire_dtype=none with a wire across: rounding=sr's bits at both levels, so its seed too.
+  Config base;
+  base.wire = std::nullopt;
+  base.inter_host_wire = compress::Wire::kNvfp4;
+  base.accumulate = Accumulate::kFp32;
+  base.rounding = Rounding::kStochastic;
+  const std::vector<std::function<void(Config&)>> changes{[](Config& c) { c.rounding = Rounding::kNearest; },
+                                                          [](Config& c) { c.sr_seed = 7; }};
+  for (size_t i = 0; i < changes.size(); ++i) {
+    Config other = base;
+    changes[i](other);
+    for (const auto& e : agree({base, base, other})) {
+      EXPECT_NE(e.find("ranks disagree on the group's settings"), std::string::npos) << "change " << i << ": " << e;
+    }
+  }
+  // Each call's signature carries the seed as well, as a flat stochastic reduction's does.
+  const at::Tensor t = at::ones({1 << 16});
+  auto signature = [&](const Config& c) {
+    return calls::allreduce({t}, c10d::AllreduceOptions{}, Group{c, 0, 4, std::chrono::milliseconds(1000)}).signature();
+  };
+  Config seeded = base;
+  seeded.sr_seed = 7;
+  EXPECT_NE(signature(base).find("stochastic rounding seed 0"), std::string::npos) << signature(base);
+  EXPECT_NE(signature(base), signature(seeded));
 }
 
 TEST(Agreement, ARankThatNeverShowsItsSettingsIsNamedAtTheTimeout) {
