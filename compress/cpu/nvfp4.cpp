@@ -16,15 +16,13 @@
 namespace cnccl::compress {
 namespace {
 
-using detail::bits_of;
-using detail::float_of;
 using detail::MxDecodeOp;
 using detail::Rounding;
+using formats::nv_block_scale;
+using formats::nv_blocks;
+using formats::nv_element_bytes;
 
 constexpr size_t kBlockBytes = kNvBlock / 2;
-
-size_t blocks_of(size_t n) { return formats::nv_blocks(n); }
-size_t element_bytes(size_t n) { return formats::nv_element_bytes(n); }
 
 // One block, as formats::nv_encode_block (which the CUDA kernels share) encodes it, counted into `census`.
 uint8_t encode_block(const float* v, size_t m, float part, float inverse, uint8_t* out, Census* census,
@@ -38,9 +36,6 @@ uint8_t encode_block(const float* v, size_t m, float part, float inverse, uint8_
   return code;
 }
 
-// A block's decoding scale fl(P * S); NaN for a block that is not finite.
-float block_scale(uint8_t code, float part) { return formats::nv_block_scale(code, part); }
-
 float element_value(const uint8_t* elements, size_t j, float s) {
   return detail::kE2m1Values[(elements[j / 2] >> (j % 2 * 4)) & 0xF] * s;
 }
@@ -49,7 +44,7 @@ float element_value(const uint8_t* elements, size_t j, float s) {
 // times `post` where op is kScale.
 void decode_block(const uint8_t* scales, const uint8_t* elements, size_t b, size_t m, float part, float* out,
                   MxDecodeOp op = MxDecodeOp::kStore, float post = 1.0f) {
-  const float s = block_scale(scales[b], part);
+  const float s = nv_block_scale(scales[b], part);
   const uint8_t* e = elements + b * kBlockBytes;
   for (size_t j = 0; j < m; ++j) {
     const float v = element_value(e, j, s);
@@ -133,7 +128,7 @@ void encode(const T* src, size_t n, size_t count, float scale, float part, uint8
   for (size_t i = 0; i < std::min(n, count); i += sink.stride) {
     const size_t block = i / kNvBlock;
     detail::sample(static_cast<float>(src[i] * static_cast<T>(scale)),
-                   element_value(elements + block * kBlockBytes, i % kNvBlock, block_scale(scales[block], part)),
+                   element_value(elements + block * kBlockBytes, i % kNvBlock, nv_block_scale(scales[block], part)),
                    *sink.census);
   }
 }
@@ -141,7 +136,7 @@ void encode(const T* src, size_t n, size_t count, float scale, float part, uint8
 // The first n values of the run of `count` at src under `part`, (op) into out.
 void decode(const uint8_t* src, size_t count, float part, size_t n, float* out, MxDecodeOp op, float post) {
   const uint8_t* scales = src;
-  const uint8_t* elements = src + blocks_of(count);
+  const uint8_t* elements = src + nv_blocks(count);
   const size_t whole = n / kNvBlock;
   detail::active_kernels().nv_decode(scales, elements, whole, part, out, op, post);
   if (whole * kNvBlock < n) {
@@ -180,7 +175,7 @@ float scalar_nv_sum(const uint8_t* const* scales, const uint8_t* const* elements
 
 }  // namespace detail
 
-size_t nv_bytes(size_t n) { return blocks_of(n) + element_bytes(n); }
+size_t nv_bytes(size_t n) { return nv_blocks(n) + nv_element_bytes(n); }
 
 float nv_part_scale(float amax) {
   const GradualUnderflow exact;
@@ -197,17 +192,17 @@ float nv_part_scale(const double* src, size_t n, float scale) {
 
 void nv_encode(const float* src, size_t n, size_t count, float scale, float part, uint8_t* dst) {
   const GradualUnderflow exact;
-  encode(src, n, count, scale, part, dst, dst + blocks_of(count), detail::census_sink());
+  encode(src, n, count, scale, part, dst, dst + nv_blocks(count), detail::census_sink());
 }
 void nv_encode(const double* src, size_t n, size_t count, float scale, float part, uint8_t* dst) {
   const GradualUnderflow exact;
-  encode(src, n, count, scale, part, dst, dst + blocks_of(count), detail::census_sink());
+  encode(src, n, count, scale, part, dst, dst + nv_blocks(count), detail::census_sink());
 }
 
 float nv_sum(const uint8_t* const* in, const float* parts, size_t k, float* dst, size_t n) {
   const GradualUnderflow exact;
   std::vector<const uint8_t*> scales(k), elements(k);
-  for (size_t r = 0; r < k; ++r) scales[r] = in[r], elements[r] = in[r] + blocks_of(n);
+  for (size_t r = 0; r < k; ++r) scales[r] = in[r], elements[r] = in[r] + nv_blocks(n);
   return sum_run(scales.data(), elements.data(), parts, k, n, dst);
 }
 
@@ -223,7 +218,9 @@ float sum_encode(const uint8_t* const* in, const float* parts, size_t k, size_t 
   float sums[kPiece];
   std::vector<const uint8_t*> scales(k), elements(k);
   auto sum_piece = [&](size_t first, size_t m) {
-    for (size_t r = 0; r < k; ++r) scales[r] = in[r] + first / kNvBlock, elements[r] = in[r] + blocks_of(n) + first / 2;
+    for (size_t r = 0; r < k; ++r) {
+      scales[r] = in[r] + first / kNvBlock, elements[r] = in[r] + nv_blocks(n) + first / 2;
+    }
     return sum_run(scales.data(), elements.data(), parts, k, m, sums);
   };
   float amax = 0.0f;
@@ -233,7 +230,7 @@ float sum_encode(const uint8_t* const* in, const float* parts, size_t k, size_t 
   for (size_t first = 0; first < n; first += kPiece) {
     const size_t m = std::min(kPiece, n - first);
     sum_piece(first, m);
-    encode(sums, m, m, 1.0f, part, dst + first / kNvBlock, dst + blocks_of(n) + first / 2, counts,
+    encode(sums, m, m, 1.0f, part, dst + first / kNvBlock, dst + nv_blocks(n) + first / 2, counts,
            Rounding{rounding.dither, rounding.first + first});
   }
   return part;
@@ -252,12 +249,12 @@ float nv_sum_encode(const uint8_t* const* in, const float* parts, size_t k, size
 void nv_encode(const float* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
                uint64_t first) {
   const GradualUnderflow exact;
-  encode(src, n, count, scale, part, dst, dst + blocks_of(count), detail::census_sink(), Rounding{&dither, first});
+  encode(src, n, count, scale, part, dst, dst + nv_blocks(count), detail::census_sink(), Rounding{&dither, first});
 }
 void nv_encode(const double* src, size_t n, size_t count, float scale, float part, uint8_t* dst, const Dither& dither,
                uint64_t first) {
   const GradualUnderflow exact;
-  encode(src, n, count, scale, part, dst, dst + blocks_of(count), detail::census_sink(), Rounding{&dither, first});
+  encode(src, n, count, scale, part, dst, dst + nv_blocks(count), detail::census_sink(), Rounding{&dither, first});
 }
 
 void nv_restore(const uint8_t* src, size_t count, float part, float* dst, size_t n, float post) {
@@ -273,7 +270,7 @@ void nv_restore(const uint8_t* src, size_t count, float part, double* dst, size_
   for (size_t first = 0; first < n; first += kPiece) {
     const size_t m = std::min(kPiece, n - first);
     const uint8_t* scales = src + first / kNvBlock;
-    const uint8_t* elements = src + blocks_of(count) + first / 2;
+    const uint8_t* elements = src + nv_blocks(count) + first / 2;
     const size_t whole = m / kNvBlock;
     detail::active_kernels().nv_decode(scales, elements, whole, part, v, MxDecodeOp::kStore, 0.0f);
     if (whole * kNvBlock < m) decode_block(scales, elements, whole, m - whole * kNvBlock, part, v + whole * kNvBlock);

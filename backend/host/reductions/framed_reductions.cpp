@@ -213,7 +213,7 @@ HostPath::Step HostPath::framed_allreduce_step(const at::Tensor& tensor, const P
            on_shm);
     // The owner's frame of its sum needs the whole sum's amax: it goes out once every piece is in.
     const std::vector<at::Tensor> total{
-        view(sums + codec.values_at() * codec.out_elem(), count, at::kFloat)};
+        view(sums + codec.first_sum_at(), count, at::kFloat)};
     int32_t k = 0;
     timed_reduce([&] {
       const compress::CensusSamplesPaused not_a_contribution;
@@ -282,7 +282,7 @@ HostPath::Step HostPath::framed_reduce_scatter_step(const std::vector<at::Tensor
   };
   step.post = [=](const Buffers& b) {
     rows->clear();
-    restore_sums_into(reinterpret_cast<const float*>(b.workspace + codec.values_at() * codec.out_elem()), output, plan);
+    restore_sums_into(reinterpret_cast<const float*>(b.workspace + codec.first_sum_at()), output, plan);
   };
   return step;
 }

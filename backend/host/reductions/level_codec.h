@@ -60,6 +60,8 @@ class LevelCodec {
   size_t values_at() const { return values_at_; }
   // Bytes of a part's fp32 sums, a cache line's multiple.
   size_t sums_bytes() const { return (units_ * out_elem_ + 63) / 64 * 64; }
+  // Where value 0's sum lies in them: past the header's units (a frame's header units hold no sums).
+  size_t first_sum_at() const { return values_at_ * out_elem_; }
   // The values units [u, u + k) of a part hold: (first, how many).
   std::pair<size_t, size_t> values_of(size_t u, size_t k) const;
   // The units that hold values [v0, v1) of a part: [first, end).

@@ -84,7 +84,7 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at
                  first % inside.units(), len, reinterpret_cast<float*>(dst));
     });
     char* sums_area = b.workspace + sums_at;
-    float* sums = reinterpret_cast<float*>(sums_area + inside.values_at() * inside.out_elem());
+    float* sums = reinterpret_cast<float*>(sums_area + inside.first_sum_at());
     // Level 1 runs in pieces, each when level 2 first needs it: units [u0, u1) of every local part, less
     // those summed already (an MX block that two pieces share).
     std::vector<uint8_t> summed(inside.units(), 0);
@@ -192,7 +192,7 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at
     reduce_chunked(*cross_, chunks);
     if (frames_again) {
       const std::vector<at::Tensor> sum_row{
-          view(total + across.values_at() * across.out_elem(), sub, at::kFloat)};
+          view(total + across.first_sum_at(), sub, at::kFloat)};
       int32_t k = 0;
       timed_reduce([&] {
         float amax;
@@ -207,9 +207,7 @@ HostPath::Step HostPath::per_level_step(std::function<std::vector<std::vector<at
       allgather_chunked(*cross_, parts, across.elem(), frame_sum, restore, tags::kSecondPhase, kLevelChunkBytes);
     }
     cross_->end();
-    if (!gather) {
-      results.finish(reinterpret_cast<const float*>(total + across.values_at() * across.out_elem()), b.workspace);
-    }
+    if (!gather) results.finish(reinterpret_cast<const float*>(total + across.first_sum_at()), b.workspace);
   };
   return step;
 }
